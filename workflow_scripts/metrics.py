@@ -1,0 +1,74 @@
+"""Numbers researchers report: MFU against a peak table, predicted model-state memory, step-time statistics."""
+from __future__ import annotations
+
+import statistics
+
+# Peak dense bf16 TFLOP/s by device name (substring match, most specific first). No entry: no MFU (e.g. CPU).
+PEAK_TFLOPS_BF16 = [
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),  # SXM
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("A100", 312.0),
+    ("MI250X", 383.0),
+    ("MI300X", 1307.0),
+]
+
+
+def peak_tflops(device_name: str | None) -> float | None:
+    if not device_name:
+        return None
+    for key, value in PEAK_TFLOPS_BF16:
+        if key.lower() in device_name.lower():
+            return value
+    return None
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, world_size: int, device_name: str | None) -> float | None:
+    """Model FLOPs utilisation of the whole job: achieved FLOP/s over world_size x the device's peak."""
+    peak = peak_tflops(device_name)
+    if peak is None or not tokens_per_s:
+        return None
+    return flops_per_token * tokens_per_s / (world_size * peak * 1e12)
+
+
+# bytes per parameter of (parameters, gradients, optimizer states) on the device before partitioning
+BYTES_PER_PARAM = {
+    "bf16-pure": (2, 2, 12),  # ZeRO paper's mixed-precision Adam: bf16 p + g, fp32 master + m + v
+    "bf16-mixed": (4, 4, 8),  # fp32 p + g, fp32 m + v (autocast computes in bf16, stores nothing extra)
+    "fp32": (4, 4, 8),
+}
+
+
+def model_state_bytes(n_params: int, world_size: int, zero_stage: int, precision: str,
+                      offload_optimizer: bool = False, offload_params: bool = False) -> dict:
+    """Predicted model-state memory per rank (ZeRO paper, sec. 3 and 5): stage 1 partitions optimizer states,
+    stage 2 also gradients, stage 3 also parameters. With bf16-pure this gives 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N.
+    Offload moves the optimizer part (and at stage 3 the parameters) to host memory. Activations come on top."""
+    p, g, o = (b * n_params for b in BYTES_PER_PARAM[precision])
+    n = world_size
+    p_dev = p / n if zero_stage >= 3 else p
+    g_dev = g / n if zero_stage >= 2 else g
+    o_dev = o / n if zero_stage >= 1 else o
+    host = 0.0
+    if offload_optimizer:
+        host += o_dev
+        o_dev = 0.0
+    if offload_params:
+        host += p_dev
+        p_dev = 0.0
+    return {"predicted_model_state_bytes": p_dev + g_dev + o_dev, "predicted_host_state_bytes": host}
+
+
+def percentile(values, q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
