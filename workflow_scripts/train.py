@@ -150,8 +150,10 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, state: dict, rank: int) -
 
 
 # ---------------------------------------------------------------- evaluation
-def evaluate(engine, val: np.ndarray, ctx: RunContext, batches: int) -> float:
-    per_rank = min(batches * ctx.micro_batch, len(val) // ctx.world_size)
+def evaluate(engine, val: np.ndarray, ctx: RunContext, samples: int) -> float:
+    """Mean next-token loss over the same validation blocks for every strategy (`samples` per rank, read in
+    chunks of the strategy's micro-batch), averaged over ranks."""
+    per_rank = min(samples, len(val) // ctx.world_size)
     total = torch.zeros(2, device=ctx.device, dtype=torch.float64)
     if per_rank > 0:
         mine = val[ctx.rank::ctx.world_size][:per_rank]
@@ -206,6 +208,7 @@ def train(spec: dict) -> dict:
     if t.get("max_steps"):
         total_steps = min(total_steps, t["max_steps"])
 
+    eval_samples = t["eval_batches"] * t["micro_batch_size"]  # the study's micro-batch, not the strategy's
     # resume
     rows, start_step, val_initial, resumed_from = [], 0, None, None
     last = latest_checkpoint(ckpt_dir)
@@ -215,12 +218,11 @@ def train(spec: dict) -> dict:
         rows, start_step, val_initial = state["rows"], state["step"], state["val_loss_initial"]
         resumed_from = start_step
     if val_initial is None:
-        val_initial = evaluate(engine, val, ctx, t["eval_batches"])
+        val_initial = evaluate(engine, val, ctx, eval_samples)
 
     publisher = StepPublisher(os.environ.get("PIPELINE_STEP_FILE") if rank == 0 else None)
     clock = PhaseClock(device)
     inject_oom = (t.get("fault_injection") or {}).get("oom_at_step")
-    kill_at = (t.get("fault_injection") or {}).get("sigkill_at_step")
     tokens_per_step = ctx.effective_batch * seq_len
     pending, prev_end = [], None
     t_start = time.time()
@@ -279,12 +281,9 @@ def train(spec: dict) -> dict:
             flush()
             save_checkpoint(engine, ckpt_dir, done, {"step": done, "rows": rows, "val_loss_initial": val_initial},
                             rank)
-        if kill_at is not None and done == kill_at and resumed_from is None and rank == 0:
-            os.kill(os.getppid(), 9)  # test hook: SIGKILL the torchrun agent, as a node failure would
-            os.kill(os.getpid(), 9)
     flush()
     publisher.publish(total_steps + 1)
-    val_final = evaluate(engine, val, ctx, t["eval_batches"])
+    val_final = evaluate(engine, val, ctx, eval_samples)
 
     # memory of all ranks
     mem = torch.tensor([torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,

@@ -92,18 +92,3 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
     return Strategy(name=name, family="deepspeed", zero_stage=stage, description=description,
                     settings=lambda ctx: ds_settings(ctx, config(ctx)),
                     build=lambda model, ctx: DeepSpeedEngine(model, ctx, config(ctx)), **strategy_kwargs)
-
-
-def op_unavailable(builder_name: str) -> str | None:
-    """Why a DeepSpeed op cannot be built on this machine's accelerator, or None if it can."""
-    try:
-        from deepspeed.accelerator import get_accelerator
-
-        builder = get_accelerator().create_op_builder(builder_name)
-    except Exception as exc:  # noqa: BLE001 - any failure means: not on this platform
-        return f"DeepSpeed {builder_name}: {exc}"
-    if builder is None:
-        return f"DeepSpeed has no {builder_name} for the {get_accelerator().device_name()} accelerator"
-    if not builder.is_compatible(verbose=False):
-        return f"DeepSpeed {builder_name} is not compatible with this machine"
-    return None

@@ -135,6 +135,7 @@ class Strategy:
     zero_stage: int  # 0 for DDP (replicated), 3 for FSDP full sharding
     offload_optimizer: Callable = lambda ctx: False
     offload_params: Callable = lambda ctx: False
-    unsupported: Callable = lambda ctx: None  # (ctx) -> reason or None
+    unsupported: Callable = lambda ctx: None  # (ctx) -> reason or None, for reasons other than a missing op
+    ops: tuple = ()  # DeepSpeed op builders this strategy needs, built once before any rank starts
     accum_steps: Callable | None = None  # (options) -> accumulation steps, if the strategy sets its own
     in_figures: bool = True

@@ -1,5 +1,5 @@
 """zero3_offload: ZeRO-3 with parameters and optimizer states offloaded to CPU (ZeRO-Offload at stage 3)."""
-from workflow_scripts.strategies._deepspeed import deepspeed_strategy, op_unavailable
+from workflow_scripts.strategies._deepspeed import deepspeed_strategy
 
 
 def _zero(ctx):
@@ -10,4 +10,4 @@ def _zero(ctx):
 
 STRATEGY = deepspeed_strategy("zero3_offload", 3, "ZeRO-3, parameters and optimizer states offloaded to CPU",
                               zero=_zero, offload_optimizer=lambda ctx: True, offload_params=lambda ctx: True,
-                              unsupported=lambda ctx: op_unavailable("CPUAdamBuilder"))
+                              ops=("CPUAdamBuilder",))

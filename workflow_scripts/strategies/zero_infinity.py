@@ -5,7 +5,7 @@ Goes through DeepSpeed's async_io op, which needs libaio (Debian: libaio-dev). `
 """
 import os
 
-from workflow_scripts.strategies._deepspeed import deepspeed_strategy, op_unavailable
+from workflow_scripts.strategies._deepspeed import deepspeed_strategy
 
 AIO = {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True}
 
@@ -20,10 +20,7 @@ def _zero(ctx):
             "offload_param": {"device": "nvme", "nvme_path": path, "pin_memory": pin}}
 
 
-def _unsupported(ctx):
-    return op_unavailable("AsyncIOBuilder") or op_unavailable("CPUAdamBuilder")
-
-
 STRATEGY = deepspeed_strategy("zero_infinity", 3, "ZeRO-Infinity: ZeRO-3 with parameters and optimizer on NVMe",
-                              zero=_zero, extra=lambda ctx: {"aio": dict(AIO)}, consumes=("nvme_path",), offload_optimizer=lambda ctx: True,
-                              offload_params=lambda ctx: True, unsupported=_unsupported)
+                              zero=_zero, extra=lambda ctx: {"aio": dict(AIO)}, consumes=("nvme_path",),
+                              offload_optimizer=lambda ctx: True, offload_params=lambda ctx: True,
+                              ops=("AsyncIOBuilder", "CPUAdamBuilder"))

@@ -8,12 +8,5 @@ def _zero(ctx):
             "zero_hpz_partition_size": int(ctx.options.get("zero_hpz_partition_size", ctx.local_world_size))}
 
 
-def _unsupported(ctx):
-    if ctx.device.type != "cuda":
-        return ("ZeRO++ quantized weights/gradients run DeepSpeed's CUDA quantizer kernels "
-                "(QuantizerBuilder, swizzled all-to-all); the CPU accelerator has none")
-    return None
-
-
 STRATEGY = deepspeed_strategy("zeropp", 3, "ZeRO++: ZeRO-3 + quantized weights and gradients + hpZ", zero=_zero,
-                              unsupported=_unsupported)
+                              ops=("QuantizerBuilder",))

@@ -1,0 +1,28 @@
+# Distributed-training study: corpus -> tokenizer -> token blocks -> training runs -> tables, figures, report.
+#   snakemake --cores all                                   (the default study, config.yaml, CPU)
+#   snakemake --cores all --configfile studies/<study>.yaml (a study; add --use-apptainer / --profile ...)
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/corpus.smk"
+include: "rules/tokenizer.smk"
+include: "rules/tokenize.smk"
+include: "rules/train.smk"
+include: "rules/parse.smk"
+include: "rules/figures.smk"
+
+
+rule all:
+    input:
+        all_outputs(),
+    default_target: True
+
+
+onsuccess:
+    write_report()

@@ -1,0 +1,12 @@
+# Stage 1: text from the configured source -> normalised JSONL + manifest (source, documents, bytes, sha256).
+rule corpus:
+    output:
+        jsonl=f"{W}/data/corpus.jsonl",
+        manifest=f"{R}/data/corpus_manifest.json",
+    log:
+        f"{R}/logs/corpus.log",
+    params:
+        corpus=json.dumps(config["corpus"], sort_keys=True),
+    shell:
+        "python -m workflow_scripts.corpus --params {params.corpus:q} --jsonl {output.jsonl} "
+        "--manifest {output.manifest} > {log} 2>&1"

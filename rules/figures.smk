@@ -1,0 +1,37 @@
+# Stage 6: seaborn figures (PNG + PDF) and the paper's summary table. Only figure/table settings are params
+# here, so editing them reruns these rules and never a training job.
+
+
+rule summary_table:
+    input:
+        runs=rules.parse.output.runs,
+    output:
+        md=report(f"{R}/tables/summary.md", caption="../report/captions/summary.rst", category="Tables"),
+        tex=f"{R}/tables/summary.tex",
+        csv=f"{R}/tables/summary.csv",
+        comparisons=report(f"{R}/tables/comparisons.md", caption="../report/captions/comparisons.rst",
+                           category="Tables"),
+    log:
+        f"{R}/logs/summary_table.log",
+    params:
+        style=json.dumps(config["tables"], sort_keys=True),
+    shell:
+        "python -m workflow_scripts.tables --runs {input.runs} --out-dir $(dirname {output.md}) > {log} 2>&1"
+
+
+rule figures:
+    input:
+        runs=rules.parse.output.runs,
+        steps=rules.parse.output.steps,
+        vram=rules.parse.output.vram,
+    output:
+        png=[report(f"{R}/figures/{name}.png", caption=f"../report/captions/{name}.rst", category="Figures")
+             for name in FIGURES],
+        pdf=expand(f"{R}/figures/{{name}}.pdf", name=FIGURES),
+    log:
+        f"{R}/logs/figures.log",
+    params:
+        style=json.dumps(config["figures"], sort_keys=True),
+    shell:
+        "python -m workflow_scripts.figures --runs {input.runs} --steps {input.steps} --vram {input.vram} "
+        "--style {params.style:q} --out-dir $(dirname {output.png[0]}) > {log} 2>&1"

@@ -1,0 +1,19 @@
+# Stage 3: packed fixed-length token blocks, train/validation split by document, token counts in a manifest.
+rule tokenize:
+    input:
+        corpus=rules.corpus.output.jsonl,
+        tokenizer=rules.tokenizer.output[0],
+    output:
+        train=f"{W}/data/train.npy",
+        val=f"{W}/data/val.npy",
+        manifest=f"{R}/data/tokens_manifest.json",
+    log:
+        f"{R}/logs/tokenize.log",
+    params:
+        block_size=config["data"]["block_size"],
+        val_fraction=config["data"]["val_fraction"],
+    threads: 16  # capped by --cores
+    shell:
+        "python -m workflow_scripts.tokenize_data --corpus {input.corpus} --tokenizer {input.tokenizer} "
+        "--block-size {params.block_size} --val-fraction {params.val_fraction} --threads {threads} "
+        "--train {output.train} --val {output.val} --manifest {output.manifest} > {log} 2>&1"

@@ -1,0 +1,13 @@
+# Stage 2: a hub tokenizer, or a byte-level BPE trained on the corpus (vocab size from config).
+rule tokenizer:
+    input:
+        corpus=rules.corpus.output.jsonl,
+    output:
+        directory(f"{W}/tokenizer"),
+    log:
+        f"{R}/logs/tokenizer.log",
+    params:
+        tokenizer=json.dumps(config["tokenizer"], sort_keys=True),
+    shell:
+        "python -m workflow_scripts.tokenizer --params {params.tokenizer:q} --corpus {input.corpus} "
+        "--out {output} > {log} 2>&1"

@@ -1,0 +1,42 @@
+# Stage 4: one job per (model x strategy x world size x repeat): torchrun ranks + the VRAM sampler.
+# DeepSpeed ops are built once per op (build_op) before any rank starts; builds never enter a timing.
+
+
+rule build_op:
+    output:
+        f"{W}/ops/{{op}}.json",
+    log:
+        f"{R}/logs/ops/{{op}}.log",
+    params:
+        platform=PLATFORM,
+        extensions=f"{W}/torch_extensions",
+    container: config["containers"].get(PLATFORM)
+    shell:
+        "TORCH_EXTENSIONS_DIR=$(realpath -m {params.extensions}) python -m workflow_scripts.build_ops "
+        "--op {wildcards.op} --platform {params.platform} --out {output} > {log} 2>&1"
+
+
+rule train:
+    input:
+        train=rules.tokenize.output.train,
+        val=rules.tokenize.output.val,
+        manifest=rules.tokenize.output.manifest,
+        ops=ops_for,
+    output:
+        summary=f"{RUN}/summary.json",
+        metrics=f"{RUN}/metrics.csv",
+        vram=f"{RUN}/vram.csv",
+        settings=f"{RUN}/strategy_settings.json",
+        provenance=f"{RUN}/provenance.json",
+    log:
+        f"{R}/logs/train/{{model}}/{{strategy}}/ws{{world}}/r{{repeat}}.log",
+    params:
+        spec=run_spec,
+        launcher="srun --ntasks-per-node=1 --nodes={} ".format(config["nodes"]) if config["nodes"] > 1 else "",
+    threads: train_threads
+    resources:
+        gpu=train_gpus,
+        nodes=config["nodes"],
+    container: config["containers"].get(PLATFORM)
+    shell:
+        "{params.launcher}python -m workflow_scripts.launch --spec-json {params.spec:q} > {log} 2>&1"

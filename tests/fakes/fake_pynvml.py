@@ -1,0 +1,86 @@
+"""FAKE pynvml (nvidia-ml-py) for tests: only the names workflow_scripts.vram calls, same return shapes and units
+(bytes), serving devices from the module-level ``DEVICES`` list. Inject with
+``monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)``. Written for these tests; not NVIDIA's code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class NVMLError(Exception):
+    pass
+
+
+@dataclass
+class FakeDevice:
+    total: int                       # bytes
+    used: int                        # bytes, device-wide
+    processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, usedGpuMemory bytes or None)
+
+
+@dataclass
+class _Memory:  # the fields of c_nvmlMemory_t
+    total: int
+    free: int
+    used: int
+
+
+@dataclass
+class _ProcessInfo:  # what nvmlDeviceGetComputeRunningProcesses returns per process
+    pid: int
+    usedGpuMemory: int | None
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class _Handle:
+    index: int
+
+
+DEVICES: list[FakeDevice] = []
+STATE = {"initialized": False, "init_calls": 0, "shutdown_calls": 0}
+
+
+def configure(devices: list[FakeDevice]) -> None:
+    DEVICES[:] = devices
+    STATE.update(initialized=False, init_calls=0, shutdown_calls=0)
+
+
+def _check() -> None:
+    if not STATE["initialized"]:
+        raise NVMLError("Uninitialized")
+
+
+def nvmlInit() -> None:
+    STATE["initialized"] = True
+    STATE["init_calls"] += 1
+
+
+def nvmlShutdown() -> None:
+    _check()
+    STATE["initialized"] = False
+    STATE["shutdown_calls"] += 1
+
+
+def nvmlDeviceGetCount() -> int:
+    _check()
+    return len(DEVICES)
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
+    _check()
+    if not 0 <= index < len(DEVICES):
+        raise NVMLError("Invalid Argument")
+    return _Handle(index)
+
+
+def nvmlDeviceGetMemoryInfo(handle: _Handle, version=None) -> _Memory:
+    _check()
+    d = DEVICES[handle.index]
+    return _Memory(total=d.total, free=d.total - d.used, used=d.used)
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[_ProcessInfo]:
+    _check()
+    return [_ProcessInfo(pid, mem) for pid, mem in DEVICES[handle.index].processes]

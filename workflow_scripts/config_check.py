@@ -1,0 +1,92 @@
+"""Checks of a study config that a schema cannot express, run when the Snakefile is parsed: before any job starts.
+
+All problems are collected and raised as one error, each naming the key or file at fault.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from workflow_scripts.models import MODELS
+from workflow_scripts.strategies import STRATEGIES
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def detect_devices(platform: str) -> int:
+    """Devices on this node: CPU cores for cpu; GPUs through nvidia-smi / amd-smi (no torch import at parse)."""
+    if platform == "cpu":
+        return os.cpu_count() or 1
+    tool = {"cuda": ["nvidia-smi", "--list-gpus"], "rocm": ["amd-smi", "list"]}[platform]
+    if shutil.which(tool[0]) is None:
+        return 0
+    out = subprocess.run(tool, capture_output=True, text=True, timeout=30).stdout
+    if platform == "cuda":
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    return sum(1 for line in out.splitlines() if line.strip().startswith("GPU:"))
+
+
+def _is_local(path: str) -> bool:
+    """A path, not a hub id ('org/name'): absolute or starting with '.'."""
+    return os.path.isabs(path) or path.startswith(".")
+
+
+def problems(config: dict, devices: int | None = None) -> list[str]:
+    out = []
+    for m in config["models"]:
+        if m not in MODELS:
+            out.append(f"models: unknown model {m!r} (known: {', '.join(MODELS)})")
+    for s in config["strategies"]:
+        if s not in STRATEGIES:
+            out.append(f"strategies: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
+    for s in config.get("strategy_options", {}):
+        if s not in STRATEGIES:
+            out.append(f"strategy_options.{s}: no such strategy")
+    t = config["train"]
+    for key in ("micro_batch_size", "grad_accum"):
+        if t[key] <= 0:
+            out.append(f"train.{key}: must be a positive integer, got {t[key]}")
+    accum_opts = config.get("strategy_options", {}).get("grad_accum", {})
+    if "grad_accum" in config["strategies"] and accum_opts.get("keep_effective_batch", True):
+        steps = int(accum_opts.get("accum_steps", 8))
+        if steps <= 0 or (t["micro_batch_size"] * t["grad_accum"]) % steps:
+            out.append(f"strategy_options.grad_accum.accum_steps: {steps} must divide train.micro_batch_size x "
+                       f"train.grad_accum = {t['micro_batch_size'] * t['grad_accum']} to keep the effective batch")
+    nodes = config["nodes"]
+    for w in config["world_sizes"]:
+        if w <= 0 or w % nodes:
+            out.append(f"world_sizes: {w} is not a positive multiple of nodes={nodes}")
+    per_node = config.get("devices_per_node", "auto")
+    if per_node == "auto":
+        per_node = devices if devices is not None else detect_devices(config["platform"])
+    biggest = max(config["world_sizes"]) // max(1, nodes)
+    if isinstance(per_node, int) and biggest > per_node:
+        what = "CPU cores" if config["platform"] == "cpu" else f"{config['platform']} GPUs"
+        out.append(f"world_sizes: {biggest} ranks per node but this node has {per_node} {what} "
+                   f"(set devices_per_node to override on a cluster submit host)")
+    c = config["corpus"]
+    if c["source"] == "local":
+        import glob
+
+        if not c["local"].get("paths"):
+            out.append("corpus.local.paths: empty, but corpus.source is local")
+        for pattern in c["local"].get("paths", []):
+            if not glob.glob(pattern):
+                out.append(f"corpus.local.paths: no file matches {pattern!r}")
+    if c["source"] == "hub" and _is_local(c["hub"]["path"]) and not os.path.exists(c["hub"]["path"]):
+        out.append(f"corpus.hub.path: {c['hub']['path']!r} does not exist")
+    for model, path in config.get("pretrained", {}).items():
+        if model not in MODELS:
+            out.append(f"pretrained.{model}: unknown model")
+        elif _is_local(str(path)) and not os.path.exists(path):
+            out.append(f"pretrained.{model}: {path!r} does not exist")
+    return out
+
+
+def check(config: dict, devices: int | None = None) -> None:
+    found = problems(config, devices)
+    if found:
+        raise ConfigError("invalid study config:\n  " + "\n  ".join(found))

@@ -1,0 +1,72 @@
+"""Stage 5, parse: every run's files -> tidy tables (one row per run; one per step; the sampler timelines).
+
+    python -m workflow_scripts.parse --runs DIR [DIR ...] --out-dir results/<study>/tables
+
+Writes runs/steps/vram as CSV and Parquet. Runs that ended `oom` or `unsupported` keep their row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from workflow_scripts.strategies import STRATEGIES
+
+ID_COLUMNS = ["run_id", "model", "strategy", "world_size", "repeat"]
+
+
+def _flat(summary: dict) -> dict:
+    """Lists and dicts become JSON strings so every cell of the run table is a scalar."""
+    return {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in summary.items()}
+
+
+def run_row(run_dir: Path, tables_dir: Path) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    strategy = STRATEGIES.get(summary["strategy"])
+    row = _flat(summary)
+    row["reason"] = summary.get("reason")
+    row["in_figures"] = bool(strategy.in_figures) if strategy else True
+    row["provenance"] = os.path.relpath(run_dir / "provenance.json", tables_dir)
+    row["settings"] = os.path.relpath(run_dir / "strategy_settings.json", tables_dir)
+    row["run_dir"] = os.path.relpath(run_dir, tables_dir)
+    return row
+
+
+def with_ids(frame: pd.DataFrame, row: dict) -> pd.DataFrame:
+    for i, col in enumerate(ID_COLUMNS):
+        frame.insert(i, col, row[col])
+    return frame
+
+
+def parse(run_dirs: list[str], out_dir: str) -> dict[str, pd.DataFrame]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, steps, vram = [], [], []
+    for d in map(Path, run_dirs):
+        row = run_row(d, out)
+        rows.append(row)
+        steps.append(with_ids(pd.read_csv(d / "metrics.csv"), row))
+        vram.append(with_ids(pd.read_csv(d / "vram.csv"), row))
+    tables = {"runs": pd.DataFrame(rows), "steps": pd.concat(steps, ignore_index=True),
+              "vram": pd.concat(vram, ignore_index=True)}
+    for name, frame in tables.items():
+        frame.to_csv(out / f"{name}.csv", index=False)
+        frame.to_parquet(out / f"{name}.parquet", index=False)
+    return tables
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", nargs="+", required=True, help="run directories (each with summary.json, ...)")
+    ap.add_argument("--out-dir", required=True)
+    a = ap.parse_args(argv)
+    tables = parse(a.runs, a.out_dir)
+    print(tables["runs"][["run_id", "status", "final_loss", "tokens_per_s"]
+                         if "final_loss" in tables["runs"] else ["run_id", "status"]].to_string())
+
+
+if __name__ == "__main__":
+    main()

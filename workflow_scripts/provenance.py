@@ -1,0 +1,77 @@
+"""Where a number came from: code version, config, packages, devices, host, container, scheduler, times.
+
+Only an allow-list of facts is recorded; the environment is never dumped, so tokens such as HF_TOKEN or
+WANDB_API_KEY cannot leak into results.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+from importlib import metadata
+
+PACKAGES = ("torch", "deepspeed", "transformers", "datasets", "tokenizers", "snakemake", "nvidia-ml-py", "amdsmi")
+ENV_FACTS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER",
+             "SINGULARITY_CONTAINER", "APPTAINER_NAME", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+             "HIP_VISIBLE_DEVICES", "DS_ACCELERATOR", "NCCL_NVLS_ENABLE")
+
+
+def git_state(cwd: str = ".") -> dict:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit or None, "dirty": dirty if commit else None}
+
+
+def config_hash(cfg: dict) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def package_versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def device_facts() -> dict:
+    import torch
+
+    facts = {"torch_cuda": torch.version.cuda, "torch_hip": getattr(torch.version, "hip", None),
+             "device_count": 0, "device_names": []}
+    if torch.cuda.is_available():
+        facts["device_count"] = torch.cuda.device_count()
+        facts["device_names"] = [torch.cuda.get_device_name(i) for i in range(facts["device_count"])]
+    facts["cpu"] = platform.processor() or platform.machine()
+    facts["cpu_count"] = os.cpu_count()
+    return facts
+
+
+def collect(run_cfg: dict, start: float, end: float, study_cfg_hash: str | None = None) -> dict:
+    return {
+        "git": git_state(),
+        "config_hash": study_cfg_hash or config_hash(run_cfg),
+        "run_config_hash": config_hash(run_cfg),
+        "packages": package_versions(),
+        "python": platform.python_version(),
+        "devices": device_facts(),
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "env": {k: os.environ[k] for k in ENV_FACTS if k in os.environ},
+        "container": os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER"),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "substitutions": run_cfg.get("substitutions", []),
+        "start_unix": start,
+        "end_unix": end,
+    }
