@@ -17,7 +17,8 @@ except config_check.ConfigError as exc:
 R = config["results_dir"]
 W = config["work_dir"]
 PLATFORM = config["platform"]
-RUN = R + "/runs/{model}/{strategy}/ws{world}/r{repeat}"
+RUN = f"{R}/runs/{{model}}/{{strategy}}/ws{{world}}/r{{repeat}}"
+IMAGE = config["containers"][PLATFORM]  # used only under --use-apptainer
 FIGURES = ["loss_curves", "peak_memory", "throughput", "time_per_epoch", "mfu", "memory_timeline",
            "memory_vs_throughput", "scaling"]
 

@@ -7,6 +7,8 @@ rule corpus:
         f"{R}/logs/corpus.log",
     params:
         corpus=json.dumps(config["corpus"], sort_keys=True),
+    container:
+        IMAGE
     shell:
         "python -m workflow_scripts.corpus --params {params.corpus:q} --jsonl {output.jsonl} "
         "--manifest {output.manifest} > {log} 2>&1"

@@ -15,6 +15,8 @@ rule summary_table:
         f"{R}/logs/summary_table.log",
     params:
         style=json.dumps(config["tables"], sort_keys=True),
+    container:
+        IMAGE
     shell:
         "python -m workflow_scripts.tables --runs {input.runs} --out-dir $(dirname {output.md}) > {log} 2>&1"
 
@@ -32,6 +34,8 @@ rule figures:
         f"{R}/logs/figures.log",
     params:
         style=json.dumps(config["figures"], sort_keys=True),
+    container:
+        IMAGE
     shell:
         "python -m workflow_scripts.figures --runs {input.runs} --steps {input.steps} --vram {input.vram} "
         "--style {params.style:q} --out-dir $(dirname {output.png[0]}) > {log} 2>&1"

@@ -15,5 +15,7 @@ rule parse:
         f"{R}/logs/parse.log",
     params:
         runs=run_dirs(),
+    container:
+        IMAGE
     shell:
         "python -m workflow_scripts.parse --runs {params.runs} --out-dir $(dirname {output.runs}) > {log} 2>&1"

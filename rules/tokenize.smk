@@ -13,6 +13,8 @@ rule tokenize:
         block_size=config["data"]["block_size"],
         val_fraction=config["data"]["val_fraction"],
     threads: 16  # capped by --cores
+    container:
+        IMAGE
     shell:
         "python -m workflow_scripts.tokenize_data --corpus {input.corpus} --tokenizer {input.tokenizer} "
         "--block-size {params.block_size} --val-fraction {params.val_fraction} --threads {threads} "

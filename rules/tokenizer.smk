@@ -8,6 +8,8 @@ rule tokenizer:
         f"{R}/logs/tokenizer.log",
     params:
         tokenizer=json.dumps(config["tokenizer"], sort_keys=True),
+    container:
+        IMAGE
     shell:
         "python -m workflow_scripts.tokenizer --params {params.tokenizer:q} --corpus {input.corpus} "
         "--out {output} > {log} 2>&1"

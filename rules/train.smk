@@ -10,7 +10,8 @@ rule build_op:
     params:
         platform=PLATFORM,
         extensions=f"{W}/torch_extensions",
-    container: config["containers"].get(PLATFORM)
+    container:
+        IMAGE
     shell:
         "TORCH_EXTENSIONS_DIR=$(realpath -m {params.extensions}) python -m workflow_scripts.build_ops "
         "--op {wildcards.op} --platform {params.platform} --out {output} > {log} 2>&1"
@@ -37,6 +38,7 @@ rule train:
     resources:
         gpu=train_gpus,
         nodes=config["nodes"],
-    container: config["containers"].get(PLATFORM)
+    container:
+        IMAGE
     shell:
         "{params.launcher}python -m workflow_scripts.launch --spec-json {params.spec:q} > {log} 2>&1"

@@ -16,7 +16,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from workflow_scripts.vram import start_sampler
 
@@ -47,6 +50,17 @@ def prepare_data(d: Path) -> None:
         subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, check=True)
 
 
+def sampler_cpu_seconds(handle) -> float | None:
+    """CPU seconds the sampler process has used so far (read before stop(), while it still exists)."""
+    if handle is None or handle.pid is None:
+        return None
+    try:
+        t = psutil.Process(handle.pid).cpu_times()
+        return round(t.user + t.system, 3)
+    except psutil.Error:
+        return None
+
+
 def make_spec(run_dir: Path, data: Path, steps: int, model: str, strategy: str, nproc: int) -> Path:
     """A run spec in the shape workflow_scripts.train reads."""
     spec = {
@@ -66,7 +80,7 @@ def make_spec(run_dir: Path, data: Path, steps: int, model: str, strategy: str, 
 
 
 def run_once(run_dir: Path, args: argparse.Namespace, sampler: bool) -> dict:
-    """One training run; returns {"tokens_per_s": float, "sampler": result dict or None}."""
+    """One training run; returns {"tokens_per_s", "wall_s" (whole run, start-up included), "sampler": dict|None}."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     spec = make_spec(run_dir, args.data_dir, args.steps, args.model, args.strategy, args.nproc)
@@ -75,16 +89,21 @@ def run_once(run_dir: Path, args: argparse.Namespace, sampler: bool) -> dict:
     torchrun = [shutil.which("torchrun")] if shutil.which("torchrun") else [sys.executable, "-m", "torch.distributed.run"]
     cmd = [*torchrun, "--nproc-per-node", str(args.nproc), "--master-port", str(free_port()),
            "-m", "workflow_scripts.train", "--spec", str(spec)]
+    t0 = time.monotonic()
     with open(run_dir / "train.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         handle = start_sampler(run_dir / "vram.csv", root_pid=proc.pid, platform="cpu",
                                interval_s=args.interval, step_file=step_file) if sampler else None
         rc = proc.wait()
+    wall_s = time.monotonic() - t0
+    cpu_s = sampler_cpu_seconds(handle)
     result = handle.stop() if handle else None
+    if result is not None:
+        result["cpu_s"] = cpu_s  # the sampler's own CPU time (user + system) over the whole run
     if rc != 0:
         raise SystemExit(f"training failed (exit {rc}); see {run_dir / 'train.log'}")
     summary = json.loads((run_dir / "out" / "train_summary.json").read_text())
-    return {"tokens_per_s": summary["tokens_per_s"], "sampler": result}
+    return {"tokens_per_s": summary["tokens_per_s"], "wall_s": round(wall_s, 3), "sampler": result}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             r = run_once(args.work_dir / f"{arm}{i}", args, sampler=arm == "on")
             runs[arm].append(r)
             s = r["sampler"]
-            extra = f"  sampler {s['status']}, {s['samples']} samples at {s['achieved_hz']} Hz" if s else ""
+            extra = (f"  sampler {s['status']}, {s['samples']} samples at {s['achieved_hz']} Hz, "
+                     f"{s['cpu_s']} CPU s") if s else ""
             print(f"pair {i} sampler {arm:3s}: {r['tokens_per_s']:9.1f} tokens/s{extra}", flush=True)
 
     on = [r["tokens_per_s"] for r in runs["on"]]
@@ -120,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     pair_ratios = [a / b for a, b in zip(on, off)]
     print(f"mean tokens/s: on {statistics.mean(on):.1f}, off {statistics.mean(off):.1f}")
     print(f"per-pair ratios: {', '.join(f'{x:.3f}' for x in pair_ratios)}")
+    cpu = [r["sampler"]["cpu_s"] / r["wall_s"] for r in runs["on"] if r["sampler"].get("cpu_s") is not None]
+    if cpu:
+        print(f"sampler CPU use: {100 * statistics.mean(cpu):.2f}% of one core over the run")
     print(f"throughput ratio (with sampler / without): {ratio:.3f}")
     if args.json:
         args.json.write_text(json.dumps({"ratio": ratio, "pair_ratios": pair_ratios, "on": runs["on"],

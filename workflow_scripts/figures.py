@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,8 +83,10 @@ class Data:
 
 
 def strategy_colours(names: list[str], palette: str) -> tuple[dict, dict]:
+    """One colour per strategy with data; past the palette's length, darker shades and dashed lines."""
     base = sns.color_palette(palette)
-    colours = {n: base[i % len(base)] for i, n in enumerate(names)}
+    colours = {n: base[i] if i < len(base) else tuple(0.55 * c for c in base[i % len(base)])
+               for i, n in enumerate(names)}
     dashes = {n: "-" if i < len(base) else "--" for i, n in enumerate(names)}
     return colours, dashes
 
@@ -94,9 +97,12 @@ def prepare(runs: pd.DataFrame, steps: pd.DataFrame, vram: pd.DataFrame, style: 
     runs = runs[~runs["strategy"].isin(hidden)].reset_index(drop=True)
     steps = steps[~steps["strategy"].astype(object).isin(hidden)].reset_index(drop=True)
     vram = vram[~vram["strategy"].astype(object).isin(hidden)].reset_index(drop=True)
-    names = order_strategies(list(runs["strategy"]) + list(steps["strategy"].dropna().astype(str))
-                             + list(vram["strategy"].dropna().astype(str)))
-    colours, dashes = strategy_colours(names, style["palette"])
+    with_data = order_strategies(list(runs.loc[runs["status"] == "ok", "strategy"])
+                                 + list(steps["strategy"].dropna().astype(str)))
+    colours, dashes = strategy_colours(with_data, style["palette"])
+    for name in set(runs["strategy"]) | set(vram["strategy"].dropna().astype(str)):
+        colours.setdefault(name, (0.45, 0.45, 0.45))  # no successful run: only drawn as a marked entry
+        dashes.setdefault(name, "-")
     return Data(runs, summarise(runs), steps, vram, style, colours, dashes)
 
 
@@ -165,6 +171,7 @@ def missing_note(rows: pd.DataFrame) -> str:
 
 def titled(ax: plt.Axes, title: str, note: str = "") -> None:
     """Panel title, with a smaller second line for what the panel cannot show (kept clear of the data)."""
+    note = textwrap.fill(note, width=70)
     ax.set_title(f"{title}\n{note}" if note else title, fontsize="medium" if not note else "small")
 
 
@@ -188,8 +195,9 @@ def memory_axis_label(sources, unit: str) -> str:
 
 
 def save(fig: plt.Figure, out_dir: Path, name: str, dpi: int) -> None:
-    fig.savefig(out_dir / f"{name}.png", dpi=dpi)
-    fig.savefig(out_dir / f"{name}.pdf")
+    """PNG at the style's dpi and PDF, cropped to what is drawn (outside legends and notes included)."""
+    fig.savefig(out_dir / f"{name}.png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(out_dir / f"{name}.pdf", bbox_inches="tight")
     plt.close(fig)
 
 
@@ -276,7 +284,7 @@ def memory_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
             handles.setdefault(PREDICTED_LABEL, ax.hlines(y, x - 0.45, x + 0.45, colors="black", linewidth=2.2))
     strategy_ticks(ax, list(rows["strategy"]))
     ax.set_ylim(bottom=0)
-    ax.set_ylabel(f"peak host memory ({unit})" if on_cpu else f"peak device memory ({unit}, per GPU)")
+    ax.set_ylabel(f"peak host memory ({unit})" if on_cpu else f"peak memory per GPU ({unit})")
 
 
 def peak_memory_figure(data: Data) -> plt.Figure:
@@ -289,9 +297,9 @@ def peak_memory_figure(data: Data) -> plt.Figure:
         ax.set_title(panel_title(data.summary, model, ws))
     if handles:
         fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
-                   ncols=min(len(handles), 2), fontsize="small")
-    else:
-        empty_note(axes[0], "no successful runs")
+                   ncols=1 if len(keys) == 1 else 2, fontsize="small")
+    if not keys:
+        empty_note(axes[0], "no runs")
     return fig
 
 
@@ -434,18 +442,20 @@ def tradeoff_note(rows: pd.DataFrame) -> str:
 def tradeoff_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict) -> None:
     ok = rows[(rows["status"] == "ok") & rows["peak_memory_bytes"].notna() & rows["tokens_per_s"].notna()]
     unit, div = memory_unit(float(ok["peak_memory_bytes"].max()) if len(ok) else math.nan)
-    for row in ok.itertuples():
+    for i, row in enumerate(ok.sort_values("tokens_per_s").itertuples()):
         x, y = row.peak_memory_bytes / div, row.tokens_per_s
         xerr, yerr = row.peak_memory_bytes_ci95 / div, row.tokens_per_s_ci95
         ax.errorbar(x, y, xerr=None if pd.isna(xerr) else xerr, yerr=None if pd.isna(yerr) else yerr,
                     fmt="o", color=colours.get(row.strategy), markersize=6, capsize=2)
-        ax.annotate(row.strategy, (x, y), xytext=(4, 4), textcoords="offset points", fontsize="small")
+        # labels alternate above/below in throughput order, so neighbours rarely collide
+        ax.annotate(row.strategy, (x, y), xytext=(5, 3 if i % 2 == 0 else -10), textcoords="offset points",
+                    fontsize="small")
     sources = [s for v in ok["peak_memory_source"] for s in str(v).split(";") if s]
     ax.set_xlabel(memory_axis_label(sources, unit), fontsize="small")
     ax.set_ylabel("tokens/s")
     ax.margins(0.15)
     if ok.empty:
-        ax.text(0.5, 0.5, "no successful runs", transform=ax.transAxes, ha="center", color="0.35")
+        empty_note(ax, "no successful runs")
 
 
 def memory_vs_throughput_figure(data: Data) -> plt.Figure:
@@ -492,7 +502,7 @@ def scaling_panel(ax: plt.Axes, rows: pd.DataFrame, data: Data) -> None:
     ax.margins(x=0.3)
     ax.set_xlabel("world size (GPUs or CPU ranks)")
     ax.set_ylabel("tokens/s (mean ± 95% CI)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, None if (rows["status"] == "ok").any() else 1)
     if len(sizes) == 1:
         corner_note(ax, f"one world size only ({sizes[0]}): no scaling measured")
 

@@ -44,7 +44,11 @@ def model_state_bytes(n_params: int, world_size: int, zero_stage: int, precision
                       offload_optimizer: bool = False, offload_params: bool = False) -> dict:
     """Predicted model-state memory per rank (ZeRO paper, sec. 3 and 5): stage 1 partitions optimizer states,
     stage 2 also gradients, stage 3 also parameters. With bf16-pure this gives 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N.
-    Offload moves the optimizer part (and at stage 3 the parameters) to host memory. Activations come on top."""
+    Optimizer offload (ZeRO-Offload) moves the optimizer states and the gradient partition the CPU Adam step
+    reads to host memory; parameter offload (stage 3) moves the parameters. Activations come on top.
+    DeepSpeed's own estimators (estimate_zero{2,3}_model_states_mem_needs) count 18Ψ/N for the partitioned
+    part at stages 2 and 3 where the paper counts 14Ψ/N and 16Ψ/N: 4Ψ/N (fp32 gradient partition) more at
+    stage 2, 2Ψ/N more at stage 3. tests/test_models_metrics.py pins that relation."""
     p, g, o = (b * n_params for b in BYTES_PER_PARAM[precision])
     n = world_size
     p_dev = p / n if zero_stage >= 3 else p
@@ -52,8 +56,9 @@ def model_state_bytes(n_params: int, world_size: int, zero_stage: int, precision
     o_dev = o / n if zero_stage >= 1 else o
     host = 0.0
     if offload_optimizer:
-        host += o_dev
+        host += o_dev + (g_dev if zero_stage >= 1 else 0.0)
         o_dev = 0.0
+        g_dev = 0.0 if zero_stage >= 1 else g_dev
     if offload_params:
         host += p_dev
         p_dev = 0.0

@@ -182,6 +182,7 @@ def summarise_group(rows: pd.DataFrame) -> dict:
     source = ok if len(ok) else rows
     out = {"status": status, "status_detail": detail, "n_runs": len(rows), "n_ok": len(ok)}
     out.update({col: _first(source, col) for col in CONFIG})
+    out["n_params"] = _first(rows, "n_params")  # a model property: also known for runs that never started
     out["in_figures"] = bool(rows["in_figures"].all())
     out["reason"] = "; ".join(dict.fromkeys(r for r in rows.loc[rows["status"] != "ok", "reason"] if r))
     out["provenance"] = ";".join(p for p in rows["provenance"] if p)
@@ -202,6 +203,8 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     records = [{**dict(zip(KEYS, key)), **summarise_group(rows)} for key, rows in runs.groupby(KEYS, sort=False)]
     table = pd.DataFrame(records, columns=columns)
+    model_params = runs.groupby("model")["n_params"].max()
+    table["n_params"] = table["n_params"].fillna(table["model"].map(model_params))
     models = {m: i for i, m in enumerate(model_order(runs))}
     order = sorted(range(len(table)), key=lambda i: (models[table.at[i, "model"]], table.at[i, "world_size"],
                                                      strategy_rank(table.at[i, "strategy"])))
@@ -239,7 +242,8 @@ def fmt_params(n: float) -> str:
 
 
 def fmt_int(x) -> str:
-    return "–" if pd.isna(x) else f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+    """Counts as integers; fractions (e.g. a short run's epochs) to three significant digits."""
+    return "–" if pd.isna(x) else f"{int(x):,}" if float(x).is_integer() else f"{x:.3g}"
 
 
 # ---------------------------------------------------------------- the summary table

@@ -1,0 +1,89 @@
+"""Stages 1-3: corpus sources (stdlib, hub code path on local files, local files), tokenizer, packed blocks."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from workflow_scripts import corpus, tokenize_data, tokenizer
+
+
+def test_stdlib_corpus_is_deterministic_and_capped(tmp_path):
+    cfg = {"source": "stdlib", "max_bytes": 200_000}
+    a = corpus.build_corpus(cfg, str(tmp_path / "a.jsonl"), str(tmp_path / "a.json"))
+    b = corpus.build_corpus(cfg, str(tmp_path / "b.jsonl"), str(tmp_path / "b.json"))
+    assert a["sha256"] == b["sha256"] and a["documents"] == b["documents"] > 3
+    assert a["bytes"] <= 200_000
+    first = json.loads((tmp_path / "a.jsonl").read_text().splitlines()[0])
+    assert first["id"].endswith(".py") and "\r" not in first["text"]
+
+
+def test_hub_source_goes_through_load_dataset(tmp_path):
+    """The hub path (datasets.load_dataset) on a local dataset directory shaped like MetaMathQA."""
+    ds = tmp_path / "metamath"
+    ds.mkdir()
+    rows = [{"query": f"What is {i} + {i}?", "response": f"The answer is {2 * i}.", "type": "x"} for i in range(20)]
+    (ds / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = {"source": "hub", "hub": {"path": str(ds), "split": "train", "kind": "prompt_response",
+                                    "prompt_field": "query", "response_field": "response"}}
+    m = corpus.build_corpus(cfg, str(tmp_path / "c.jsonl"), str(tmp_path / "c.json"))
+    assert m["documents"] == 20 and m["source"] == "hub"
+    text = json.loads((tmp_path / "c.jsonl").read_text().splitlines()[3])["text"]
+    assert "What is 3 + 3?" in text and "The answer is 6." in text
+
+
+def test_hub_text_source_drops_empty_rows(tmp_path):
+    ds = tmp_path / "wiki"
+    ds.mkdir()
+    (ds / "train.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in ["", " = Title = \n", "", "Body."]))
+    m = corpus.build_corpus({"source": "hub", "hub": {"path": str(ds), "split": "train"}},
+                            str(tmp_path / "w.jsonl"), str(tmp_path / "w.json"))
+    assert m["documents"] == 2
+
+
+def test_local_text_and_jsonl_sources(tmp_path):
+    (tmp_path / "a.txt").write_text("first document\r\nline two  \n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "second"}) + "\n" + json.dumps({"text": "third"}) + "\n")
+    cfg = {"source": "local", "local": {"paths": [str(tmp_path / "*.txt"), str(tmp_path / "*.jsonl")]}}
+    m = corpus.build_corpus(cfg, str(tmp_path / "l.jsonl"), str(tmp_path / "l.json"))
+    texts = list(corpus.read_texts(str(tmp_path / "l.jsonl")))
+    assert m["documents"] == 3 and texts[0] == "first document\nline two"
+
+
+def test_missing_local_file_names_the_pattern(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing_here"):
+        corpus.build_corpus({"source": "local", "local": {"paths": ["nothing_here/*.txt"]}},
+                            str(tmp_path / "x.jsonl"), str(tmp_path / "x.json"))
+
+
+def test_bpe_tokenizer_has_the_configured_vocab_and_round_trips(token_data):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(token_data["tokenizer"])
+    assert len(tok) == 512
+    text = "def f(x):\n    return x + 1\n"
+    assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_hub_tokenizer_kind_loads_by_name(token_data, tmp_path):
+    info = tokenizer.build_tokenizer({"kind": "hub", "name": token_data["tokenizer"]}, token_data["corpus"],
+                                     str(tmp_path / "tok"))
+    assert info["kind"] == "hub" and info["vocab_size"] == 512
+
+
+def test_blocks_are_packed_split_by_document_and_independent_of_threads(token_data, tmp_path):
+    m = json.loads(open(token_data["manifest"]).read())
+    train = np.load(token_data["train"])
+    assert train.shape == (m["train_blocks"], 64) and m["train_tokens"] == train.size
+    assert m["val_documents"] > 0 and m["val_blocks"] > 0
+    out = {k: str(tmp_path / f"{k}.npy") for k in ("train", "val")}
+    tokenize_data.tokenize(token_data["corpus"], token_data["tokenizer"], 64, 0.1, 2, out["train"], out["val"],
+                           str(tmp_path / "m.json"))
+    assert np.array_equal(np.load(out["train"]), train)
+    assert np.array_equal(np.load(out["val"]), np.load(token_data["val"]))
+
+
+def test_split_documents_every_kth_to_validation():
+    train, val = tokenize_data.split_documents([str(i) for i in range(10)], 0.2)
+    assert val == ["4", "9"] and len(train) == 8

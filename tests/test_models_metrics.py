@@ -1,0 +1,75 @@
+"""Model registry shapes, from_pretrained on local files, MFU and the predicted model-state memory."""
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+
+import pytest
+import torch
+
+from workflow_scripts import metrics, models
+
+
+@pytest.mark.parametrize("name, millions", [("gpt2", 124), ("gpt2-medium", 355), ("gpt2-large", 774),
+                                            ("gpt2-xl", 1558), ("qwen2.5-coder-1.5b", 1544), ("qwen2.5-3b", 3086)])
+def test_registry_shapes_match_the_published_sizes(name, millions):
+    vocab = 50257 if name.startswith("gpt2") else 151936
+    with torch.device("meta"):
+        model = models.build_model(name, vocab, 1024)
+    assert abs(models.count_params(model) / 1e6 - millions) / millions < 0.01
+
+
+def test_from_pretrained_loads_local_weights(tmp_path):
+    model = models.build_model("gpt2-tiny", 320, 64)
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = models.build_model("gpt2-tiny", 320, 64, pretrained=str(tmp_path / "ckpt"))
+    for (n, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), n
+
+
+def test_vocab_padding_and_flops():
+    assert models.padded_vocab(50257, 64) == 50304 and models.padded_vocab(4096, 64) == 4096
+    assert models.flops_per_token(100, 2, 8, 16) == 600 + 12 * 2 * 8 * 16
+
+
+def test_mfu_uses_the_peak_table():
+    assert metrics.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert metrics.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert metrics.peak_tflops("AMD Instinct MI300X") == 1307.0
+    assert metrics.peak_tflops("cpu") is None
+    # 1e9 FLOP/token at 494,500 tokens/s on 1 H200 = 50% of 989 TFLOP/s
+    assert metrics.mfu(1e9, 494_500, 1, "NVIDIA H200") == pytest.approx(0.5)
+    assert metrics.mfu(1e9, 494_500, 2, "NVIDIA H200") == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("stage, expected", [(0, 16), (1, 4 + 12 / 8), (2, 2 + 14 / 8), (3, 16 / 8)])
+def test_model_state_memory_matches_the_zero_paper(stage, expected):
+    got = metrics.model_state_bytes(1000, 8, stage, "bf16-pure")["predicted_model_state_bytes"]
+    assert got == pytest.approx(expected * 1000)
+
+
+def _estimator_gpu_bytes(fn, *args, **kwargs) -> float:
+    with redirect_stdout(io.StringIO()):
+        out = fn(*args, **kwargs)
+    return out[1]  # (cpu_mem, gpu_mem)
+
+
+def test_prediction_agrees_with_deepspeeds_own_estimators():
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    psi, gpus = 1_000_000_000, 4
+    # DeepSpeed counts 18 bytes/param for the partitioned part where the paper counts 14 (stage 2), 16 (stage 3)
+    ds2 = _estimator_gpu_bytes(estimate_zero2_model_states_mem_needs, psi, num_gpus_per_node=gpus, num_nodes=1,
+                               cpu_offload=False, additional_buffer_factor=1.0)
+    ours2 = metrics.model_state_bytes(psi, gpus, 2, "bf16-pure")["predicted_model_state_bytes"]
+    assert ours2 + 4 * psi / gpus == pytest.approx(ds2, rel=0.01)
+    ds2_off = _estimator_gpu_bytes(estimate_zero2_model_states_mem_needs, psi, num_gpus_per_node=gpus,
+                                   num_nodes=1, cpu_offload=True, additional_buffer_factor=1.0)
+    ours2_off = metrics.model_state_bytes(psi, gpus, 2, "bf16-pure", offload_optimizer=True)
+    assert ours2_off["predicted_model_state_bytes"] == pytest.approx(ds2_off, rel=0.01)
+    ds3 = _estimator_gpu_bytes(estimate_zero3_model_states_mem_needs, psi, largest_layer_params=0,
+                               num_gpus_per_node=gpus, num_nodes=1, cpu_offload=False, cpu_offload_params=False,
+                               zero_init=True, additional_buffer_factor=1.0)
+    ours3 = metrics.model_state_bytes(psi, gpus, 3, "bf16-pure")["predicted_model_state_bytes"]
+    assert ours3 + 2 * psi / gpus == pytest.approx(ds3, rel=0.01)

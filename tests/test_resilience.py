@@ -1,0 +1,93 @@
+"""Failure paths: a training job killed with SIGKILL resumes from its checkpoint when Snakemake reruns it (same
+final loss as an uninterrupted run), and an out-of-memory run becomes an `oom` row while the study completes."""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+from conftest import snakemake
+
+
+def overlay(wd, name, **cfg):
+    path = wd / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return ["--configfile", "config.yaml", path.name]
+
+
+def seed_op_cache(wd, work_dir):
+    """Reuse the default study's compiled DeepSpeed ops (a build cache), so this test only times training."""
+    src = wd / "work/default/torch_extensions"
+    if src.exists() and not (wd / work_dir / "torch_extensions").exists():
+        shutil.copytree(src, wd / work_dir / "torch_extensions")
+
+
+def kill_tree(pid: int) -> None:
+    proc = psutil.Process(pid)
+    for p in proc.children(recursive=True) + [proc]:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def launcher_of(run_id: str):
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "workflow_scripts.launch" in cmd and run_id in cmd and "bash" not in cmd.split()[0]:
+            return p
+    return None
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
+def test_sigkilled_job_resumes_with_the_same_final_loss(default_study, strategy):
+    wd, work = default_study, f"work/resume_{strategy}"
+    seed_op_cache(wd, work)
+    train = {"max_steps": 100, "checkpoint_every": 20, "log_every": 10}
+    ref = overlay(wd, f"ref_{strategy}", results_dir=f"results/ref_{strategy}", work_dir=work,
+                  strategies=[strategy], train=train)
+    snakemake(wd, *ref, f"results/ref_{strategy}/tables/runs.csv")
+    expected = pd.read_csv(wd / f"results/ref_{strategy}/tables/steps.csv")
+
+    args = overlay(wd, f"kill_{strategy}", results_dir=f"results/kill_{strategy}", work_dir=work,
+                   strategies=[strategy], train=train)
+    target = f"results/kill_{strategy}/tables/runs.csv"
+    sm = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "all", *args, target], cwd=wd,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = wd / work / f"runs/gpt2-tiny/{strategy}/ws2/r0/ckpt/latest"
+    deadline = time.time() + 300
+    while not latest.exists() and time.time() < deadline and sm.poll() is None:
+        time.sleep(0.05)
+    assert latest.exists(), "no checkpoint was written"
+    launcher = launcher_of(f"gpt2-tiny__{strategy}__ws2__r0")
+    assert launcher is not None
+    kill_tree(launcher.pid)
+    assert sm.wait(timeout=300) != 0, "the killed job must fail the first invocation"
+
+    snakemake(wd, *args, "--rerun-incomplete", target)
+    runs = pd.read_csv(wd / target)
+    steps = pd.read_csv(wd / f"results/kill_{strategy}/tables/steps.csv")
+    assert runs.loc[0, "resumed_from_step"] >= 20
+    assert list(steps.step) == list(range(1, 101))
+    assert steps.loss.iloc[-1] == pytest.approx(expected.loss.iloc[-1], abs=1e-6)
+    assert steps.loss.tolist() == pytest.approx(expected.loss.tolist(), abs=1e-6)
+
+
+def test_out_of_memory_becomes_a_row_and_the_study_completes(default_study):
+    wd = default_study
+    args = overlay(wd, "oom", results_dir="results/oom", work_dir="work/oom", strategies=["ddp", "fsdp"],
+                   train={"fault_injection": {"oom_at_step": 3}, "max_steps": 10})
+    snakemake(wd, *args)
+    runs = pd.read_csv(wd / "results/oom/tables/runs.csv")
+    assert sorted(runs.strategy) == ["ddp", "fsdp"]
+    assert (runs.status == "oom").all()
+    assert runs.reason.str.contains("injected allocation failure at step 3").all()
+    assert (wd / "results/oom/figures/peak_memory.png").exists()
+    assert "oom" in (wd / "results/oom/tables/summary.md").read_text().lower()
