@@ -16,6 +16,7 @@ include: "rules/tokenize.smk"
 include: "rules/train.smk"
 include: "rules/parse.smk"
 include: "rules/figures.smk"
+include: "rules/doctor.smk"
 
 
 rule all:

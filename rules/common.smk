@@ -3,7 +3,7 @@ import json
 
 from snakemake.utils import validate
 
-from workflow_scripts import config_check
+from workflow_scripts import config_check, study
 from workflow_scripts.report_hook import write_report_after_success
 from workflow_scripts.strategies import STRATEGIES
 
@@ -31,9 +31,12 @@ wildcard_constraints:
     op="[A-Za-z]+",
 
 
+RUNS = study.runs(config)  # (model, strategy, world_size) -> the group's train overrides
+
+
 def run_dirs():
-    return expand(RUN, model=config["models"], strategy=config["strategies"], world=config["world_sizes"],
-                  repeat=range(config["repeats"]))
+    return [RUN.format(model=m, strategy=s, world=w, repeat=r) for (m, s, w) in RUNS
+            for r in range(config["repeats"])]
 
 
 def all_outputs():
@@ -60,7 +63,8 @@ def run_spec(wildcards):
         "nodes": config["nodes"],
         "platform": PLATFORM,
         "precision": config["train"]["precision"],
-        "train": {k: v for k, v in config["train"].items() if k != "precision"},
+        "train": {k: v for k, v in config["train"].items() if k != "precision"}
+        | RUNS[(wildcards.model, wildcards.strategy, int(wildcards.world))],
         "options": config["strategy_options"].get(wildcards.strategy, {}),
         "pretrained": config["pretrained"].get(wildcards.model),
         "model_overrides": config["model_overrides"].get(wildcards.model, {}),

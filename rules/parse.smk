@@ -11,6 +11,10 @@ rule parse:
         runs_parquet=f"{R}/tables/runs.parquet",
         steps_parquet=f"{R}/tables/steps.parquet",
         vram_parquet=f"{R}/tables/vram.parquet",
+        provenance=report(f"{R}/tables/provenance.md", caption="../report/captions/provenance.rst",
+                          category="Provenance"),
+        provenance_csv=f"{R}/tables/provenance.csv",
+        provenance_parquet=f"{R}/tables/provenance.parquet",
     log:
         f"{R}/logs/parse.log",
     params:
@@ -18,4 +22,5 @@ rule parse:
     container:
         IMAGE
     shell:
-        "python -m workflow_scripts.parse --runs {params.runs} --out-dir $(dirname {output.runs}) > {log} 2>&1"
+        "python3 -m workflow_scripts.parse --runs {params.runs} --out-dir $(dirname {output.runs}) > {log} 2>&1"
+

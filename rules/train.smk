@@ -13,7 +13,7 @@ rule build_op:
     container:
         IMAGE
     shell:
-        "TORCH_EXTENSIONS_DIR=$(realpath -m {params.extensions}) python -m workflow_scripts.build_ops "
+        "TORCH_EXTENSIONS_DIR=$(realpath -m {params.extensions}) python3 -m workflow_scripts.build_ops "
         "--op {wildcards.op} --platform {params.platform} --out {output} > {log} 2>&1"
 
 
@@ -38,7 +38,8 @@ rule train:
     resources:
         gpu=train_gpus,
         nodes=config["nodes"],
+        timed_runs=1,  # profiles set --resources timed_runs=1: timed runs never share a machine
     container:
         IMAGE
     shell:
-        "{params.launcher}python -m workflow_scripts.launch --spec-json {params.spec:q} > {log} 2>&1"
+        "{params.launcher}python3 -m workflow_scripts.launch --spec-json {params.spec:q} > {log} 2>&1"

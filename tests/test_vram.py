@@ -53,8 +53,11 @@ def tree():
         time.sleep(0.02)
     grandchild = psutil.Process(root.pid).children()[0].pid
     yield root, grandchild
-    for p in psutil.Process(root.pid).children(recursive=True):
-        p.kill()
+    try:
+        for p in psutil.Process(root.pid).children(recursive=True):
+            p.kill()
+    except psutil.Error:
+        pass
     root.kill()
     root.wait()
 

@@ -86,7 +86,9 @@ def run_once(run_dir: Path, args: argparse.Namespace, sampler: bool) -> dict:
     spec = make_spec(run_dir, args.data_dir, args.steps, args.model, args.strategy, args.nproc)
     step_file = run_dir / "step"
     env = dict(os.environ, DS_ACCELERATOR="cpu", PIPELINE_STEP_FILE=str(step_file))
-    torchrun = [shutil.which("torchrun")] if shutil.which("torchrun") else [sys.executable, "-m", "torch.distributed.run"]
+    torchrun = [shutil.which("torchrun") or ""]
+    if not torchrun[0]:
+        torchrun = [sys.executable, "-m", "torch.distributed.run"]
     cmd = [*torchrun, "--nproc-per-node", str(args.nproc), "--master-port", str(free_port()),
            "-m", "workflow_scripts.train", "--spec", str(spec)]
     t0 = time.monotonic()
@@ -139,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.mean(on) / statistics.mean(off)
     pair_ratios = [a / b for a, b in zip(on, off)]
     print(f"mean tokens/s: on {statistics.mean(on):.1f}, off {statistics.mean(off):.1f}")
-    print(f"per-pair ratios: {', '.join(f'{x:.3f}' for x in pair_ratios)}")
+    spread = f", median {statistics.median(pair_ratios):.3f}, sd {statistics.stdev(pair_ratios):.3f}" \
+        if len(pair_ratios) > 1 else ""
+    print(f"per-pair ratios: {', '.join(f'{x:.3f}' for x in pair_ratios)}{spread}")
     cpu = [r["sampler"]["cpu_s"] / r["wall_s"] for r in runs["on"] if r["sampler"].get("cpu_s") is not None]
     if cpu:
         print(f"sampler CPU use: {100 * statistics.mean(cpu):.2f}% of one core over the run")

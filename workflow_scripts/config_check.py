@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 
+from workflow_scripts import study
 from workflow_scripts.models import MODELS
 from workflow_scripts.strategies import STRATEGIES
 
@@ -36,33 +37,43 @@ def _is_local(path: str) -> bool:
 
 def problems(config: dict, devices: int | None = None) -> list[str]:
     out = []
-    for m in config["models"]:
+    where = "groups[].models" if config.get("groups") else "models"
+    for m in study.all_names(config, "models"):
         if m not in MODELS:
-            out.append(f"models: unknown model {m!r} (known: {', '.join(MODELS)})")
-    for s in config["strategies"]:
+            out.append(f"{where}: unknown model {m!r} (known: {', '.join(MODELS)})")
+    where = "groups[].strategies" if config.get("groups") else "strategies"
+    for s in study.all_names(config, "strategies"):
         if s not in STRATEGIES:
-            out.append(f"strategies: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
+            out.append(f"{where}: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
+    try:
+        study.runs(config)
+    except ValueError as exc:
+        out.append(str(exc))
     for s in config.get("strategy_options", {}):
         if s not in STRATEGIES:
             out.append(f"strategy_options.{s}: no such strategy")
-    t = config["train"]
-    for key in ("micro_batch_size", "grad_accum"):
-        if t[key] <= 0:
-            out.append(f"train.{key}: must be a positive integer, got {t[key]}")
     accum_opts = config.get("strategy_options", {}).get("grad_accum", {})
-    if "grad_accum" in config["strategies"] and accum_opts.get("keep_effective_batch", True):
-        steps = int(accum_opts.get("accum_steps", 8))
-        if steps <= 0 or (t["micro_batch_size"] * t["grad_accum"]) % steps:
-            out.append(f"strategy_options.grad_accum.accum_steps: {steps} must divide train.micro_batch_size x "
-                       f"train.grad_accum = {t['micro_batch_size'] * t['grad_accum']} to keep the effective batch")
+    for i, g in enumerate(study.groups(config)):
+        t = {**config["train"], **g.get("train", {})}
+        where = f"groups[{i}].train" if config.get("groups") else "train"
+        for key in ("micro_batch_size", "grad_accum"):
+            if not isinstance(t[key], int) or t[key] <= 0:
+                out.append(f"{where}.{key}: must be a positive integer, got {t[key]!r}")
+        if "grad_accum" in g["strategies"] and accum_opts.get("keep_effective_batch", True):
+            steps = int(accum_opts.get("accum_steps", 8))
+            samples = t["micro_batch_size"] * t["grad_accum"] if isinstance(t["micro_batch_size"], int) else 0
+            if samples and (steps <= 0 or samples % steps):
+                out.append(f"strategy_options.grad_accum.accum_steps: {steps} must divide {where}.micro_batch_size"
+                           f" x grad_accum = {samples} to keep the effective batch")
     nodes = config["nodes"]
-    for w in config["world_sizes"]:
+    sizes = study.all_names(config, "world_sizes")
+    for w in sizes:
         if w <= 0 or w % nodes:
             out.append(f"world_sizes: {w} is not a positive multiple of nodes={nodes}")
     per_node = config.get("devices_per_node", "auto")
     if per_node == "auto":
         per_node = devices if devices is not None else detect_devices(config["platform"])
-    biggest = max(config["world_sizes"]) // max(1, nodes)
+    biggest = max(sizes) // max(1, nodes)
     if isinstance(per_node, int) and biggest > per_node:
         what = "CPU cores" if config["platform"] == "cpu" else f"{config['platform']} GPUs"
         out.append(f"world_sizes: {biggest} ranks per node but this node has {per_node} {what} "

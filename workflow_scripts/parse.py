@@ -35,6 +35,23 @@ def run_row(run_dir: Path, tables_dir: Path) -> dict:
     return row
 
 
+def provenance_row(run_dir: Path, row: dict) -> dict:
+    path = run_dir / "provenance.json"
+    if not path.exists():
+        return {"run_id": row["run_id"]}
+    p = json.loads(path.read_text())
+    devices = p.get("devices", {})
+    names = ", ".join(sorted(set(devices.get("device_names") or []))) or devices.get("cpu")
+    return {"run_id": row["run_id"], "status": row.get("status"), "git_commit": (p["git"].get("commit") or "")[:12],
+            "git_dirty": p["git"].get("dirty"), "config_hash": p.get("run_config_hash"),
+            **{f"{k}": v for k, v in p.get("packages", {}).items()},
+            "cuda": devices.get("torch_cuda"), "rocm": devices.get("torch_hip"),
+            "devices": f"{devices.get('device_count', 0)} x {names}",
+            "host": p.get("host"), "container": p.get("container"), "slurm_job_id": p.get("slurm_job_id"),
+            "start_unix": p.get("start_unix"), "end_unix": p.get("end_unix"),
+            "substitutions": "; ".join(p.get("substitutions") or []), "settings": row["settings"]}
+
+
 def with_ids(frame: pd.DataFrame, row: dict) -> pd.DataFrame:
     for i, col in enumerate(ID_COLUMNS):
         frame.insert(i, col, row[col])
@@ -44,17 +61,19 @@ def with_ids(frame: pd.DataFrame, row: dict) -> pd.DataFrame:
 def parse(run_dirs: list[str], out_dir: str) -> dict[str, pd.DataFrame]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows, steps, vram = [], [], []
+    rows, steps, vram, prov = [], [], [], []
     for d in map(Path, run_dirs):
         row = run_row(d, out)
         rows.append(row)
+        prov.append(provenance_row(d, row))
         steps.append(with_ids(pd.read_csv(d / "metrics.csv"), row))
         vram.append(with_ids(pd.read_csv(d / "vram.csv"), row))
     tables = {"runs": pd.DataFrame(rows), "steps": pd.concat(steps, ignore_index=True),
-              "vram": pd.concat(vram, ignore_index=True)}
+              "vram": pd.concat(vram, ignore_index=True), "provenance": pd.DataFrame(prov)}
     for name, frame in tables.items():
         frame.to_csv(out / f"{name}.csv", index=False)
         frame.to_parquet(out / f"{name}.parquet", index=False)
+    (out / "provenance.md").write_text("# Provenance\n\n" + tables["provenance"].to_markdown(index=False) + "\n")
     return tables
 
 

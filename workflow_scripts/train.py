@@ -186,7 +186,8 @@ def train(spec: dict) -> dict:
     if t.get("max_train_samples"):
         blocks = blocks[: t["max_train_samples"]]
     val = np.load(spec["data"]["val"], mmap_mode="r")
-    vocab = padded_vocab(data["vocab_size"], t["vocab_multiple"])
+    # embedding rows: the tokenizer's vocabulary padded to vocab_multiple, or the original model's row count
+    vocab = max(padded_vocab(data["vocab_size"], t["vocab_multiple"]), t.get("embedding_rows") or 0)
     seq_len = data["block_size"]
 
     model = build_model(spec["model"], vocab, seq_len, pretrained=spec.get("pretrained"),
@@ -298,7 +299,8 @@ def train(spec: dict) -> dict:
         spec_model = MODELS[spec["model"]]
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         summary = summarise(spec, ctx, strategy, rows, batches.steps_per_epoch, total_steps, seq_len, vocab,
-                            n_params, spec_model, device_name, val_initial, val_final, gathered, resumed_from)
+                            data["vocab_size"], n_params, spec_model, device_name, val_initial, val_final, gathered,
+                            resumed_from)
         write_metrics(out_dir / "metrics.csv", rows)
         (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     dist.barrier()
@@ -308,8 +310,8 @@ def train(spec: dict) -> dict:
     return summary
 
 
-def summarise(spec, ctx, strategy, rows, steps_per_epoch, total_steps, seq_len, vocab, n_params, spec_model,
-              device_name, val_initial, val_final, gathered, resumed_from) -> dict:
+def summarise(spec, ctx, strategy, rows, steps_per_epoch, total_steps, seq_len, vocab, tokenizer_vocab, n_params,
+              spec_model, device_name, val_initial, val_final, gathered, resumed_from) -> dict:
     steady = [r for r in rows if not r["warmup"]] or rows
     steady_time = sum(r["step_time_s"] for r in steady)
     tokens_per_s = sum(r["tokens"] for r in steady) / steady_time if steady_time else None
@@ -324,10 +326,12 @@ def summarise(spec, ctx, strategy, rows, steps_per_epoch, total_steps, seq_len, 
         "repeat": spec["repeat"], "platform": spec["platform"], "device_name": device_name,
         "precision": ctx.precision, "precision_detail": PRECISIONS[ctx.precision],
         "n_params": n_params, "n_layer": spec_model.n_layer, "d_model": spec_model.d_model, "seq_len": seq_len,
-        "vocab_size": vocab, "micro_batch": ctx.micro_batch, "grad_accum": ctx.accum,
+        "vocab_size": vocab, "tokenizer_vocab_size": tokenizer_vocab, "micro_batch": ctx.micro_batch,
+        "grad_accum": ctx.accum,
         "effective_batch": ctx.effective_batch, "tokens_per_step": ctx.effective_batch * seq_len,
         "steps": total_steps, "steps_per_epoch": steps_per_epoch, "epochs": total_steps / steps_per_epoch,
-        "train_samples": int(ctx.effective_batch * total_steps), "timing_warmup_steps": spec["train"]["timing_warmup_steps"],
+        "train_samples": int(ctx.effective_batch * total_steps),
+        "timing_warmup_steps": spec["train"]["timing_warmup_steps"],
         "time_per_epoch_s": (steady_time / len(steady)) * steps_per_epoch if steady else None,
         "epoch_time_s": [epoch_wall[e] for e in sorted(epoch_wall)],
         "train_time_s": sum(r["step_time_s"] for r in rows),

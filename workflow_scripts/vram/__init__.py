@@ -66,7 +66,13 @@ class SamplerHandle:
             try:
                 self._result = self._stop(timeout_s)
             except Exception as e:  # noqa: BLE001 - stop() must never raise
-                self._result = self._failed(f"stop() error: {type(e).__name__}: {e}")
+                self._result = {"status": "failed", "backends": [], "samples": 0, "peak_used_bytes": {},
+                                "peak_process_bytes": {}, "interval_s": self.interval_s, "achieved_hz": 0.0,
+                                "gaps": [], "reason": f"stop() error: {type(e).__name__}: {e}"}
+            finally:
+                if self._stderr is not None:
+                    self._stderr.close()
+                    self._stderr = None
         return self._result
 
     def _stop(self, timeout_s: float) -> dict[str, Any]:

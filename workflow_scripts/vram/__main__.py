@@ -3,8 +3,9 @@
 Wrap a command (samples its process tree until it exits; prints the result JSON on stderr; exits with the
 command's exit code, 128+N if it died of signal N):
 
-    python -m workflow_scripts.vram --out timeline.csv [--platform cpu|cuda|rocm] [--backend auto|nvml|amdsmi|host|torch]
-        [--interval 0.1] [--step-file F] -- torchrun ... -m workflow_scripts.train --spec spec.json
+    python -m workflow_scripts.vram --out timeline.csv [--platform cpu|cuda|rocm]
+        [--backend auto|nvml|amdsmi|host|torch] [--interval 0.1] [--step-file F] \\
+        -- torchrun ... -m workflow_scripts.train --spec spec.json
 
 Attach to a running tree (what ``start_sampler`` uses): ``--root-pid PID [--stop-on-eof]``; stops on SIGTERM/SIGINT
 or, with --stop-on-eof, when its stdin closes.

@@ -316,10 +316,10 @@ def plan(platform: str, backend: str) -> list[list[str]]:
     opened without fallback, still with host beside it; 'host' alone is just host."""
     if platform == "auto":
         platform = detect_platform()
+    if platform not in ("cuda", "rocm", "cpu"):
+        raise ValueError(f"unknown platform {platform!r}; choose from auto, cpu, cuda, rocm")
     if backend == "auto":
         device = {"cuda": ["nvml", "torch"], "rocm": ["amdsmi", "torch"]}.get(platform)
-        if platform not in ("cuda", "rocm", "cpu"):
-            raise ValueError(f"unknown platform {platform!r}")
         return [device, ["host"]] if device else [["host"]]
     if backend not in ALL_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from auto, {', '.join(ALL_BACKENDS)}")

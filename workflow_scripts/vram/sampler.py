@@ -186,14 +186,13 @@ def run_sampler(config: SamplerConfig, stop: threading.Event) -> dict[str, Any]:
     backend trouble: a missing library gives status 'unavailable', an unexpected error 'failed'."""
     t0 = time.monotonic()
     backends, notes, complete = open_plan(plan(config.platform, config.backend))
-    names = [b.name for b in backends]
-    summary = Summary(config.interval_s, names)
+    summary = Summary(config.interval_s, [b.name for b in backends])
     status = "ok" if complete else "unavailable"
-    write_status(config.out_csv, summary.result("running", "; ".join(notes) or None))
     errors = _Errors()
     writer: TimelineWriter | None = None
     try:
-        writer = TimelineWriter(config.out_csv, config.flush_s)
+        writer = TimelineWriter(config.out_csv, config.flush_s)  # creates the folder
+        write_status(config.out_csv, summary.result("running", "; ".join(notes) or None))
         tree, steps = ProcessTree(config.root_pid), StepReader(config.step_file)
         start, k = time.monotonic(), 0
         while backends:

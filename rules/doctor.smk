@@ -1,0 +1,12 @@
+# Setup check, not part of `all`: `snakemake --cores 1 doctor` before spending GPU hours.
+rule doctor:
+    output:
+        f"{R}/doctor.md",
+    log:
+        f"{R}/logs/doctor.log",
+    params:
+        cfg=json.dumps(config, sort_keys=True, default=str),
+    container:
+        IMAGE
+    shell:
+        "python3 -m workflow_scripts.doctor --config-json {params.cfg:q} --out {output} > {log} 2>&1"
