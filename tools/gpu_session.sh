@@ -16,7 +16,9 @@ if ls .deb/*.deb >/dev/null 2>&1; then
   export CPATH=/tmp/aio/usr/include LIBRARY_PATH=$lib LD_LIBRARY_PATH=$lib:${LD_LIBRARY_PATH:-}
 fi
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.csv"
-python3 -m snakemake --cores all --resources timed_runs=1 "$@" 2>&1 | tail -n 400 > "$OUT/snakemake.log"
+timeout "${BUDGET_S:-540}" python3 -m snakemake --cores all --resources timed_runs=1 --keep-going "$@" 2>&1 \
+  | tail -n 400 > "$OUT/snakemake.log"
 rc=${PIPESTATUS[0]}
-tar czf "$OUT/results.tgz" --exclude='*.parquet' results/
+tar czf "$OUT/results.tgz" results/ work/*/torch_extensions/*/*.log 2>/dev/null
+tail -n 30 "$OUT/snakemake.log"
 exit "$rc"
