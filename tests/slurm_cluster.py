@@ -1,14 +1,19 @@
 """A real single-node SLURM cluster for tests, from Debian's `slurm-wlm` and `munge` (run as root).
 
-    from slurm_cluster import slurm_cluster   # the session fixture: a started cluster, torn down at the end
+    from slurm_cluster import slurm_cluster   # the fixture: a started cluster, torn down after the test module
 
 Everything lives in one temporary directory: a generated slurm.conf (this machine's CPUs and a bit less than its
 memory, partition `debug`, no accounting, proctrack/linuxproc, task/none, cons_tres, MinJobAge=600 so `squeue`
 still shows finished jobs), a fresh munge key, free TCP ports, state and spool directories and the daemons' logs.
 `munged` runs as the `munge` user (as root with --force where that user does not exist), then `slurmctld` and
 `slurmd` in the foreground, as children of the test process; teardown cancels this cluster's jobs and stops the
-three daemons by their process ids. SLURM_CONF points every client (sbatch, squeue, srun in jobs) at this cluster,
-so a machine-wide /etc/slurm is never read or written.
+three daemons by their process ids.
+
+Clients find the cluster through SLURM_CONF, and also through /etc/slurm/slurm.conf, a symlink to the generated
+file made only while the test runs and only where no slurm.conf exists: the SLURM executor plugin's jobstep
+(snakemake-executor-plugin-slurm-jobstep 0.6.1) drops every SLURM_* variable except the job's identity before its
+`srun`, SLURM_CONF included, so inside a job srun only finds the default path (else: "srun: fatal: Could not
+establish a configuration source"). A machine with its own /etc/slurm/slurm.conf is never touched: the tests skip.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+SYSTEM_CONF = Path("/etc/slurm/slurm.conf")  # the compiled-in default path of Debian's slurm-wlm
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel", "srun")
 
 
@@ -61,6 +67,7 @@ class SlurmCluster:
     cpus: int = field(default_factory=_cpus)
     memory_mb: int = field(default_factory=lambda: int(_memory_mb() * 0.9))  # a bit under the real memory
     procs: dict = field(default_factory=dict)
+    linked: bool = False
 
     @property
     def conf(self) -> Path:
@@ -153,7 +160,8 @@ class SlurmCluster:
     def start_slurm(self) -> None:
         env = {**os.environ, **self.env}
         for daemon in ("slurmctld", "slurmd"):
-            self.procs[daemon] = subprocess.Popen([_which(daemon), "-D", "-f", str(self.conf)], env=env,
+            node = ["-N", self.node] if daemon == "slurmd" else []
+            self.procs[daemon] = subprocess.Popen([_which(daemon), "-D", "-f", str(self.conf), *node], env=env,
                                                   stdout=subprocess.DEVNULL,
                                                   stderr=open(self.root / f"{daemon}.stderr", "w"))
             if daemon == "slurmctld":
@@ -162,8 +170,14 @@ class SlurmCluster:
         self._wait(lambda: self.node_state() == "idle", 90, "the node never became idle",
                    lambda: self.log("slurmctld")[-3000:] + self.log("slurmd")[-3000:])
 
+    def link_system_conf(self) -> None:
+        SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
+        SYSTEM_CONF.symlink_to(self.conf)
+        self.linked = True
+
     def start(self) -> "SlurmCluster":
         self.write_config()
+        self.link_system_conf()
         self.start_munge()
         self.start_slurm()
         return self
@@ -229,17 +243,26 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=10)
+        if self.linked and SYSTEM_CONF.is_symlink() and os.readlink(SYSTEM_CONF) == str(self.conf):
+            SYSTEM_CONF.unlink()
+            self.linked = False
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm_cluster():
-    """A started single-node cluster; SLURM_CONF is exported for the session so every client finds it."""
+    """A started single-node cluster for the module that uses it (torn down after it, so the daemons and the
+    /etc/slurm/slurm.conf link never outlive those tests); SLURM_CONF is exported meanwhile."""
     missing = missing_binaries()
     if missing:
         pytest.skip(f"SLURM/munge binaries missing ({', '.join(missing)}): apt-get install slurm-wlm munge "
                     "(.ci/run installs them)")
     if os.geteuid() != 0:
         pytest.skip("the test cluster's daemons (slurmctld, slurmd, munged) must be started as root")
+    if SYSTEM_CONF.is_symlink() and not SYSTEM_CONF.exists() and "pipeline-slurm-" in os.readlink(SYSTEM_CONF):
+        SYSTEM_CONF.unlink()  # left dangling by an earlier test session that was killed: it was ours
+    if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
+        pytest.skip(f"{SYSTEM_CONF} exists (a configured SLURM machine, or another test cluster running): the "
+                    "test cluster needs that path for srun inside jobs and never replaces it")
     root = Path(tempfile.mkdtemp(prefix="pipeline-slurm-"))
     root.chmod(0o755)  # munged (as the munge user) must reach its directory inside
     cluster = SlurmCluster(root)

@@ -289,7 +289,8 @@ def train(spec: dict) -> dict:
     # memory of all ranks
     mem = torch.tensor([torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
                         torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0,
-                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64)
+                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64,
+                       device=device)  # NCCL gathers device tensors only
     gathered = [torch.zeros_like(mem) for _ in range(world)]
     dist.all_gather(gathered, mem)
     gathered = torch.stack(gathered).tolist()

@@ -3,7 +3,9 @@
 The batch keys are computed from the run context (micro x accumulation x world size), so DeepSpeed's
 `train_batch_size` assertion cannot fire. Precision follows the study's policy:
   fp32       -> no fp16/bf16 section;
-  bf16-mixed -> fp32 engine, the training loop's torch.autocast(bf16) around forward (as for DDP and FSDP);
+  bf16-mixed -> fp32 engine, DeepSpeed's `torch_autocast` (bf16 compute, fp32 parameters and gradients, fp32
+                gradient communication), the same as the loop's torch.autocast for DDP and FSDP; ZeRO++ quantized
+                weights refuse torch_autocast, so zeropp runs DeepSpeed bf16 there (recorded in its settings);
   bf16-pure  -> `bf16.enabled`: bf16 module parameters, fp32 master weights in the ZeRO optimizer.
 The optimizer is the same torch AdamW as DDP's, except with optimizer offload, where DeepSpeed needs its
 DeepSpeedCPUAdam (config `optimizer: AdamW`).
@@ -26,8 +28,12 @@ def ds_config(ctx: RunContext, zero: dict, extra: dict | None = None) -> dict:
         "steps_per_print": 1_000_000_000,
         "wall_clock_breakdown": False,
     }
-    if ctx.precision == "bf16-pure":
-        cfg["bf16"] = {"enabled": True}
+    if ctx.precision == "bf16-pure" or (ctx.precision == "bf16-mixed" and zero.get("zero_quantized_weights")):
+        cfg["bf16"] = {"enabled": True}  # DeepSpeed refuses torch_autocast with ZeRO++ quantized weights
+    elif ctx.precision == "bf16-mixed":
+        # DeepSpeed turns an outer torch.autocast off inside its engine: enable its own, with fp32 gradient
+        # communication for every module (no lower-precision-safe modules), i.e. exactly what DDP does
+        cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
     if zero.get("offload_optimizer", {}).get("device", "none") != "none":
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": ctx.lr, "betas": list(ctx.betas), "eps": ctx.eps,
                                                         "weight_decay": ctx.weight_decay}}
@@ -37,8 +43,11 @@ def ds_config(ctx: RunContext, zero: dict, extra: dict | None = None) -> dict:
 
 def ds_settings(ctx: RunContext, cfg: dict) -> dict:
     optimizer = ("deepspeed DeepSpeedCPUAdam (AdamW mode)" if "optimizer" in cfg else adamw_settings(ctx)["impl"])
+    detail = PRECISIONS[ctx.precision]
+    if ctx.precision == "bf16-mixed" and "bf16" in cfg:
+        detail = "differs: " + PRECISIONS["bf16-pure"] + " (DeepSpeed refuses torch_autocast with quantized weights)"
     return {"engine": "deepspeed.initialize", "deepspeed_config": cfg, "precision": ctx.precision,
-            "precision_detail": PRECISIONS[ctx.precision], "optimizer": {**adamw_settings(ctx), "impl": optimizer}}
+            "precision_detail": detail, "optimizer": {**adamw_settings(ctx), "impl": optimizer}}
 
 
 class DeepSpeedEngine(Engine):

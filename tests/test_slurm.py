@@ -1,0 +1,162 @@
+"""The SLURM profile, for real: a reduced study (ddp and fsdp, a few steps) submitted through
+`--profile profiles/slurm` to a single-node SLURM cluster started by tests/slurm_cluster.py, compared with a local
+run of the same config. Every job must have gone through sbatch: its SLURM job id is in the run's provenance and
+slurmctld knows the job (scontrol, its log) with the resources the profile asked for.
+
+    python3 -m pytest tests/test_slurm.py         (as root; skipped with the reason when slurm-wlm/munge are missing)
+"""
+from __future__ import annotations
+
+import json
+import re
+import types
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, copy_workflow, snakemake
+from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
+
+PROFILE = REPO / "profiles/slurm/config.yaml"
+STRATEGIES = ["ddp", "fsdp"]  # no DeepSpeed: no op builds, the test stays short
+REDUCED = {
+    "study": "slurm_reduced",
+    "results_dir": "results/reduced",
+    "work_dir": "work/reduced",
+    "strategies": STRATEGIES,
+    "corpus": {"source": "stdlib", "max_bytes": 300_000},
+    "tokenizer": {"kind": "bpe", "vocab_size": 512},
+    "data": {"block_size": 64},
+    "train": {"max_steps": 4, "log_every": 2, "timing_warmup_steps": 1, "eval_batches": 1, "checkpoint_every": 0},
+}
+TABLES = ["runs", "steps", "summary"]  # one row per run / per logged step / per configuration
+
+
+def reduced_study(wd):
+    (wd / "reduced.yaml").write_text(yaml.safe_dump(REDUCED))
+    return ["--configfile", "config.yaml", "reduced.yaml"]
+
+
+def run_dirs(wd):
+    return sorted((wd / REDUCED["results_dir"] / "runs").glob("*/*/ws*/r*"))
+
+
+def test_slurm_profile_options_are_known_to_snakemake_and_the_plugin(tmp_path):
+    """A dry run parses every profile key (an unknown option name is an error) and shows the train resources."""
+    wd = copy_workflow(tmp_path / "wf")
+    out = snakemake(wd, "--profile", "profiles/slurm", "-n", *reduced_study(wd)).stdout
+    train = yaml.safe_load(PROFILE.read_text())["set-resources"]["train"]
+    block = out[out.index("rule train:"):]
+    resources = block[block.index("resources:"):].splitlines()[0]
+    for key, value in train.items():
+        assert f"{key}={value}" in resources, (key, resources)
+    assert "gpu=0" in resources and "nodes=1" in resources  # from the rule (platform cpu, config nodes)
+
+
+class _Resources(dict):
+    __getattr__ = dict.__getitem__
+
+
+def test_profile_gives_gpu_runs_one_launcher_per_node():
+    """The plugin's own sbatch builder: with the profile's train resources a 4-GPU run gets --gpus=4,
+    --cpus-per-gpu and --exclusive, and no --ntasks-per-gpu (which `tasks` alone would become on a GPU job)."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    train = yaml.safe_load(PROFILE.read_text())["set-resources"]["train"]
+    job = types.SimpleNamespace(threads=16, resources=_Resources(train, gpu=4, nodes=1))
+    params = {"run_uuid": "u", "slurm_logfile": "l", "comment_str": "c", "account": "", "partition": "",
+              "workdir": "."}
+    call = get_submit_command(job, params) + set_gres_string(job)
+    assert "--gpus=4" in call and f"--cpus-per-gpu={train['cpus_per_gpu']}" in call
+    assert "--exclusive" in call and "--nodes=1" in call and f"--mem {train['mem_mb']}" in call
+    assert "--ntasks-per-gpu" not in call and "--cpus-per-task" not in call
+    cpu_job = types.SimpleNamespace(threads=2, resources=_Resources(train, gpu=0, nodes=1))
+    cpu_call = get_submit_command(cpu_job, params)
+    assert "--ntasks=1" in cpu_call and "--cpus-per-task=2" in cpu_call and "--gpus" not in cpu_call
+
+
+# ------------------------------------------------------------------ the reduced study, locally and through SLURM
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    wd = copy_workflow(tmp_path_factory.mktemp("local") / "wf")
+    snakemake(wd, *reduced_study(wd), timeout=600)
+    return wd
+
+
+def cluster_overlay(cluster) -> dict:
+    """Only what a one-node, two-CPU test cluster needs on top of profiles/slurm (a second --profile replaces
+    whole top-level keys): its partition, memory and time that fit the node, threads capped at its CPUs, fast
+    status polling. Every other key, the train resources included, is the profile's."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    fit = {"runtime": 10, "mem_mb": min(4000, cluster.memory_mb // 2)}
+    return {
+        "default-resources": {**profile["default-resources"], "slurm_partition": cluster.partition,
+                              "runtime": 10, "mem_mb": 1000},
+        "set-resources": {rule: {**res, **fit} for rule, res in profile["set-resources"].items()},
+        "slurm-init-seconds-before-status-checks": 1,
+        "seconds-between-status-checks": 1,
+        "slurm-keep-successful-logs": True,
+        "latency-wait": 5,
+        "max-threads": cluster.cpus,
+    }
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster, tmp_path_factory):  # noqa: F811 - the fixture imported above
+    wd = copy_workflow(tmp_path_factory.mktemp("slurm") / "wf")
+    overlay = wd / "slurm-test-profile"
+    overlay.mkdir()
+    (overlay / "config.yaml").write_text(yaml.safe_dump(cluster_overlay(slurm_cluster)))
+    done = snakemake(wd, "--profile", "profiles/slurm", "--profile", str(overlay), *reduced_study(wd),
+                     env=slurm_cluster.env, timeout=600)
+    return wd, done.stdout + done.stderr
+
+
+def test_every_job_went_through_sbatch(slurm_run, slurm_cluster):  # noqa: F811
+    wd, log = slurm_run
+    submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
+    # corpus, tokenizer, tokenize, one train per strategy, parse, summary_table, figures (rule all runs nothing)
+    assert len(submitted) == 6 + len(STRATEGIES), log[-3000:]
+    assert set(submitted) <= set(slurm_cluster.job_ids())
+    ctld_log = slurm_cluster.log("slurmctld")
+    for job_id in submitted:
+        assert slurm_cluster.show_job(job_id)["JobState"] == "COMPLETED", job_id
+        assert re.search(rf"sched: Allocate JobId={job_id} ", ctld_log), job_id
+
+
+def test_training_runs_record_their_slurm_job(slurm_run, slurm_cluster):  # noqa: F811
+    wd, _ = slurm_run
+    runs = run_dirs(wd)
+    assert len(runs) == len(STRATEGIES)
+    ids = set()
+    for run in runs:
+        prov = json.loads((run / "provenance.json").read_text())
+        job_id = prov["slurm_job_id"]
+        assert job_id, f"{run}: no SLURM job id in provenance.json"
+        ids.add(job_id)
+        assert prov["env"]["SLURM_JOB_PARTITION"] == slurm_cluster.partition
+        job = slurm_cluster.show_job(job_id)
+        model, strategy, world, repeat = run.parts[-4], run.parts[-3], run.parts[-2][2:], run.parts[-1][1:]
+        assert job["Comment"] == f"rule_train_wildcards_{model}_{strategy}_{world}_{repeat}"
+        assert job["JobState"] == "COMPLETED" and job["Partition"] == slurm_cluster.partition
+        assert job["CPUs/Task"] == world  # the rule's threads (= world size on CPU) became --cpus-per-task
+        assert job["NumTasks"] == "1"  # one torchrun launcher
+        assert job["OverSubscribe"] == "NO"  # the profile's --exclusive: a timed run never shares its node
+        assert (wd / f".snakemake/slurm_logs/rule_train/{model}_{strategy}_{world}_{repeat}/{job_id}.log").exists()
+    assert len(ids) == len(runs), "every run is its own SLURM job"
+
+
+def test_tables_have_the_shape_of_a_local_run(slurm_run, local_run):
+    wd, _ = slurm_run
+    for table in TABLES:
+        remote = pd.read_csv(wd / REDUCED["results_dir"] / f"tables/{table}.csv")
+        local = pd.read_csv(local_run / REDUCED["results_dir"] / f"tables/{table}.csv")
+        assert list(remote.columns) == list(local.columns), table
+        assert remote.shape == local.shape, table
+    runs = pd.read_csv(wd / REDUCED["results_dir"] / "tables/runs.csv")
+    assert sorted(runs.strategy) == sorted(STRATEGIES) and (runs.status == "ok").all()
+    vram = pd.read_csv(wd / REDUCED["results_dir"] / "tables/vram.csv")  # a timeline: its length varies
+    assert list(vram.columns) == list(pd.read_csv(local_run / REDUCED["results_dir"] / "tables/vram.csv").columns)
+    assert (wd / REDUCED["results_dir"] / "report.html").exists()
