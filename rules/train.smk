@@ -33,7 +33,9 @@ rule train:
         f"{R}/logs/train/{{model}}/{{strategy}}/ws{{world}}/r{{repeat}}.log",
     params:
         spec=run_spec,
-        launcher="srun --ntasks-per-node=1 --nodes={} ".format(config["nodes"]) if config["nodes"] > 1 else "",
+        # one launcher per node; --overlap: the SLURM jobstep's own step already holds the job's CPUs
+        launcher=("srun --overlap --ntasks-per-node=1 --nodes={} ".format(config["nodes"])
+                  if config["nodes"] > 1 else ""),
     threads: train_threads
     resources:
         gpu=train_gpus,

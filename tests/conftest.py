@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SKIP = {".git", ".snakemake", "work", "results", ".pytest_cache", "__pycache__", ".whl"}
+SKIP = {".git", ".snakemake", "work", "results", ".pytest_cache", "__pycache__", ".whl", ".deb", "images", "out"}
 
 
 def copy_workflow(dest: Path) -> Path:
@@ -57,3 +57,19 @@ def default_study(tmp_path_factory) -> Path:
     wd = copy_workflow(tmp_path_factory.mktemp("study") / "wf")
     snakemake(wd)
     return wd
+
+
+def seed_op_cache(wd: Path, work_dir: str) -> None:
+    """Reuse the default study's compiled DeepSpeed ops (a build cache) in another work_dir of the same copy."""
+    src = wd / "work/default/torch_extensions"
+    if src.exists() and not (wd / work_dir / "torch_extensions").exists():
+        shutil.copytree(src, wd / work_dir / "torch_extensions")
+
+
+def overlay(wd: Path, name: str, **cfg) -> list[str]:
+    """--configfile arguments: config.yaml, then an overlay written from keyword arguments."""
+    import yaml
+
+    path = wd / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return ["--configfile", "config.yaml", path.name]

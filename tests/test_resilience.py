@@ -2,7 +2,6 @@
 final loss as an uninterrupted run), and an out-of-memory run becomes an `oom` row while the study completes."""
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
@@ -11,22 +10,8 @@ import time
 import pandas as pd
 import psutil
 import pytest
-import yaml
 
-from conftest import snakemake
-
-
-def overlay(wd, name, **cfg):
-    path = wd / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return ["--configfile", "config.yaml", path.name]
-
-
-def seed_op_cache(wd, work_dir):
-    """Reuse the default study's compiled DeepSpeed ops (a build cache), so this test only times training."""
-    src = wd / "work/default/torch_extensions"
-    if src.exists() and not (wd / work_dir / "torch_extensions").exists():
-        shutil.copytree(src, wd / work_dir / "torch_extensions")
+from conftest import overlay, seed_op_cache, snakemake
 
 
 def kill_tree(pid: int) -> None:

@@ -188,7 +188,15 @@ def main(argv=None):
     a = ap.parse_args(argv)
     spec = json.loads(a.spec_json) if a.spec_json else json.loads(Path(a.spec).read_text())
     nnodes = a.nnodes or spec.get("nodes", 1)
-    sys.exit(launch(spec, nnodes, a.node_rank, a.rdzv_endpoint))
+    endpoint = a.rdzv_endpoint or (slurm_endpoint() if nnodes > 1 else None)
+    sys.exit(launch(spec, nnodes, a.node_rank, endpoint))
+
+
+def slurm_endpoint(port: int = 29400) -> str:
+    """The rendezvous on the job's first node (srun starts one launcher per node)."""
+    nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                           capture_output=True, text=True, check=True).stdout.split()
+    return f"{nodes[0]}:{port}"
 
 
 if __name__ == "__main__":

@@ -226,6 +226,11 @@ def train(spec: dict) -> dict:
     inject_oom = (t.get("fault_injection") or {}).get("oom_at_step")
     tokens_per_step = ctx.effective_batch * seq_len
     pending, prev_end = [], None
+    board = None
+    if t.get("tensorboard") and rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+
+        board = SummaryWriter(str(out_dir / "tensorboard"))
     t_start = time.time()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -250,6 +255,11 @@ def train(spec: dict) -> dict:
                          "tokens": tokens_per_step, "samples": ctx.effective_batch,
                          "warmup": p["step"] - start_step < t["timing_warmup_steps"],
                          "wall_s": p["wall"] - t_start})
+        if board is not None:
+            for r in rows[-len(pending):]:
+                for key in ("loss", "lr", "step_time_s"):
+                    board.add_scalar(f"train/{key}", r[key], r["step"])
+            board.flush()
         if rank == 0:
             r = rows[-1]
             print(f"step {r['step']}: loss {r['loss']:.4f}, lr {r['lr']:.2e}, step {1000 * r['step_time_s']:.1f}ms, "
@@ -285,6 +295,9 @@ def train(spec: dict) -> dict:
     flush()
     publisher.publish(total_steps + 1)
     val_final = evaluate(engine, val, ctx, eval_samples)
+    if board is not None:
+        board.add_scalar("val/loss", val_final, total_steps)
+        board.close()
 
     # memory of all ranks
     mem = torch.tensor([torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,

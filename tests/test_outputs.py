@@ -1,0 +1,77 @@
+"""Paper-grade outputs: repeats with confidence intervals, TensorBoard events, provenance without secrets, the
+report, and regeneration (a figure-only edit reruns figures and never a training job)."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import overlay, snakemake
+
+SECRETS = {"HF_TOKEN": "hf_" + "s3cretvalue" * 4, "WANDB_API_KEY": "wandbkey" * 5}
+
+
+@pytest.fixture(scope="module")
+def repeated(default_study):
+    """ddp and fsdp, two repeats each, TensorBoard on, secrets in the environment."""
+    args = overlay(default_study, "repeats", results_dir="results/repeats", work_dir="work/repeats",
+                   strategies=["ddp", "fsdp"], repeats=2, train={"max_steps": 8, "tensorboard": True})
+    snakemake(default_study, *args, env=SECRETS)
+    return default_study / "results/repeats"
+
+
+def test_repeats_give_means_and_confidence_intervals(repeated):
+    runs = pd.read_csv(repeated / "tables/runs.csv")
+    assert sorted(runs.repeat.unique()) == [0, 1] and len(runs) == 4
+    summary = pd.read_csv(repeated / "tables/summary.csv")
+    assert len(summary) == 2
+    assert summary.filter(like="ci95").notna().any(axis=None)
+    assert "distinguishable" in (repeated / "tables/comparisons.md").read_text().lower()
+
+
+def test_provenance_is_complete_and_has_no_secrets(repeated):
+    for path in (repeated / "runs").rglob("provenance.json"):
+        p = json.loads(path.read_text())
+        assert len(p["git"]["commit"] or "") in (0, 40)
+        assert p["packages"]["torch"] and p["packages"]["deepspeed"] and p["config_hash"]
+        assert p["host"] and p["end_unix"] >= p["start_unix"]
+    for path in repeated.rglob("*"):
+        if path.is_file():
+            text = path.read_bytes()
+            for value in SECRETS.values():
+                assert value.encode() not in text, path
+    prov = pd.read_csv(repeated / "tables/provenance.csv")
+    assert len(prov) == 4 and prov.torch.notna().all()
+
+
+def test_tensorboard_events_hold_the_loss_curve(repeated):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = repeated / "runs/gpt2-tiny/ddp/ws2/r0"
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    losses = [e.value for e in acc.Scalars("train/loss")]
+    steps = pd.read_csv(run / "metrics.csv")
+    assert losses == pytest.approx(steps.loss.tolist(), rel=1e-5)
+
+
+def test_report_holds_figures_tables_and_provenance(repeated):
+    html = (repeated / "report.html").read_text(errors="replace")
+    for name in ("loss_curves", "peak_memory", "memory_timeline", "summary", "provenance"):
+        assert name in html, name
+
+
+def _planned(done) -> dict:
+    return {line.split()[0]: int(line.split()[1]) for line in done.stdout.splitlines()
+            if len(line.split()) == 2 and line.split()[1].isdigit()}
+
+
+def test_figure_only_edit_reruns_only_figures(default_study):
+    args = overlay(default_study, "style", figures={"dpi": 99, "palette": "deep"})
+    jobs = _planned(snakemake(default_study, *args, "-n", "--quiet", "rules"))
+    assert jobs.get("figures") == 1
+    assert "train" not in jobs and "parse" not in jobs and "tokenize" not in jobs, jobs
+    args = overlay(default_study, "tables", tables={"float_digits": 2})
+    jobs = _planned(snakemake(default_study, *args, "-n", "--quiet", "rules"))
+    assert jobs.get("summary_table") == 1 and "train" not in jobs and "figures" not in jobs, jobs
