@@ -18,7 +18,8 @@ rule summary_table:
     container:
         IMAGE
     shell:
-        "python3 -m workflow_scripts.tables --runs {input.runs} --out-dir $(dirname {output.md}) > {log} 2>&1"
+        "python3 -m workflow_scripts.tables --runs {input.runs} --style {params.style:q} --out-dir $(dirname {output.md}) "
+        "> {log} 2>&1"
 
 
 rule figures:

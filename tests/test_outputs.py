@@ -72,6 +72,6 @@ def test_figure_only_edit_reruns_only_figures(default_study):
     jobs = _planned(snakemake(default_study, *args, "-n", "--quiet", "rules"))
     assert jobs.get("figures") == 1
     assert "train" not in jobs and "parse" not in jobs and "tokenize" not in jobs, jobs
-    args = overlay(default_study, "tables", tables={"float_digits": 2})
+    args = overlay(default_study, "tables", tables={"extra_decimals": 1})
     jobs = _planned(snakemake(default_study, *args, "-n", "--quiet", "rules"))
     assert jobs.get("summary_table") == 1 and "train" not in jobs and "figures" not in jobs, jobs

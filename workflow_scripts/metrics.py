@@ -77,3 +77,37 @@ def percentile(values, q: float) -> float | None:
 def median(values) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
+
+
+def steady(rows: list[dict], checkpoint_every: int = 0) -> list[dict]:
+    """The steps that measure training: not timing warm-up, and not the step right after a checkpoint save
+    (runs before the fix counted the save's time in that step)."""
+    def after_save(step: int) -> bool:
+        return bool(checkpoint_every) and step > 1 and (step - 1) % checkpoint_every == 0
+
+    out = [r for r in rows if not _true(r["warmup"]) and not after_save(int(r["step"]))]
+    return out or list(rows)
+
+
+def _true(value) -> bool:
+    return value is True or str(value).lower() == "true"
+
+
+def timing(rows: list[dict], steps_per_epoch: int, world_size: int, flops_per_token: float,
+           device_name: str | None, checkpoint_every: int = 0) -> dict:
+    """Time, throughput and MFU of a run from its per-step rows (the trainer and the parse stage share this)."""
+    s = steady(rows, checkpoint_every)
+    total = sum(float(r["step_time_s"]) for r in s)
+    tokens_per_s = sum(float(r["tokens"]) for r in s) / total if total else None
+    return {
+        "time_per_epoch_s": total / len(s) * steps_per_epoch if s else None,
+        "step_time_median_s": median(float(r["step_time_s"]) for r in s),
+        "step_time_p90_s": percentile([float(r["step_time_s"]) for r in s], 0.9),
+        "forward_median_s": median(float(r["forward_s"]) for r in s),
+        "backward_median_s": median(float(r["backward_s"]) for r in s),
+        "optimizer_median_s": median(float(r["optimizer_s"]) for r in s),
+        "tokens_per_s": tokens_per_s,
+        "samples_per_s": sum(float(r["samples"]) for r in s) / total if total else None,
+        "mfu": mfu(flops_per_token, tokens_per_s, world_size, device_name),
+        "timed_steps": len(s),
+    }

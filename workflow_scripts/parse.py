@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from workflow_scripts.metrics import timing
 from workflow_scripts.strategies import STRATEGIES
 
 ID_COLUMNS = ["run_id", "model", "strategy", "world_size", "repeat"]
@@ -23,8 +24,20 @@ def _flat(summary: dict) -> dict:
     return {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in summary.items()}
 
 
+def retimed(summary: dict, run_dir: Path) -> dict:
+    """Time, throughput and MFU recomputed from the per-step rows with the one shared rule
+    (metrics.timing), so every run of a table is measured the same way."""
+    if summary.get("status") != "ok":
+        return summary
+    spec = json.loads((run_dir / "run_spec.json").read_text())
+    rows = pd.read_csv(run_dir / "metrics.csv").to_dict("records")
+    return {**summary, **timing(rows, summary["steps_per_epoch"], summary["world_size"],
+                                summary["flops_per_token"], summary["device_name"],
+                                spec["train"].get("checkpoint_every", 0))}
+
+
 def run_row(run_dir: Path, tables_dir: Path) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = retimed(json.loads((run_dir / "summary.json").read_text()), run_dir)
     strategy = STRATEGIES.get(summary["strategy"])
     row = _flat(summary)
     row["reason"] = summary.get("reason")

@@ -18,6 +18,7 @@ The readers and the aggregation here are shared with `workflow_scripts.figures`.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from itertools import combinations
@@ -212,12 +213,15 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- formatting
+EXTRA_DECIMALS = 0  # config `tables.extra_decimals`: added to every decimal count chosen from a value's size
+
+
 def fmt_number(x: float, decimals: int | None = None) -> str:
     if x is None or pd.isna(x):
         return "–"
     if decimals is None:
         size = abs(x)
-        decimals = 0 if size >= 100 else 1 if size >= 10 else 2 if size >= 1 else 3
+        decimals = (0 if size >= 100 else 1 if size >= 10 else 2 if size >= 1 else 3) + EXTRA_DECIMALS
     return f"{x:,.{decimals}f}"
 
 
@@ -227,7 +231,7 @@ def fmt_mean_ci(mean: float, half: float, decimals: int | None = None, pm: str =
         return "–"
     if decimals is None:
         size = abs(mean)
-        decimals = 0 if size >= 100 else 1 if size >= 10 else 2 if size >= 1 else 3
+        decimals = (0 if size >= 100 else 1 if size >= 10 else 2 if size >= 1 else 3) + EXTRA_DECIMALS
     text = fmt_number(mean, decimals)
     return text if pd.isna(half) else f"{text}{pm}{fmt_number(half, decimals)}"
 
@@ -449,7 +453,10 @@ def main(argv=None):
     ap.add_argument("--link-base", default=None,
                     help="directory the `provenance` paths in runs.csv are relative to (default: runs.csv's folder); "
                          "links in summary.md/.tex are rewritten relative to --out-dir")
+    ap.add_argument("--style", default="{}", help="the config's `tables` section as JSON (extra_decimals)")
     args = ap.parse_args(argv)
+    global EXTRA_DECIMALS
+    EXTRA_DECIMALS = int(json.loads(args.style).get("extra_decimals", 0))
     summary = write_all(args.runs, args.out_dir, args.link_base)
     print(f"summary: {len(summary)} rows -> {args.out_dir}")
 

@@ -292,6 +292,7 @@ def train(spec: dict) -> dict:
             flush()
             save_checkpoint(engine, ckpt_dir, done, {"step": done, "rows": rows, "val_loss_initial": val_initial},
                             rank)
+            prev_end = None  # the save is not training time: the next step is timed from its own start
     flush()
     publisher.publish(total_steps + 1)
     val_final = evaluate(engine, val, ctx, eval_samples)
@@ -326,10 +327,6 @@ def train(spec: dict) -> dict:
 
 def summarise(spec, ctx, strategy, rows, steps_per_epoch, total_steps, seq_len, vocab, tokenizer_vocab, n_params,
               spec_model, device_name, val_initial, val_final, gathered, resumed_from) -> dict:
-    steady = [r for r in rows if not r["warmup"]] or rows
-    steady_time = sum(r["step_time_s"] for r in steady)
-    tokens_per_s = sum(r["tokens"] for r in steady) / steady_time if steady_time else None
-    samples_per_s = sum(r["samples"] for r in steady) / steady_time if steady_time else None
     fpt = flops_per_token(n_params, spec_model.n_layer, spec_model.d_model, seq_len)
     epoch_wall = {}
     for r in rows:
@@ -346,17 +343,10 @@ def summarise(spec, ctx, strategy, rows, steps_per_epoch, total_steps, seq_len, 
         "steps": total_steps, "steps_per_epoch": steps_per_epoch, "epochs": total_steps / steps_per_epoch,
         "train_samples": int(ctx.effective_batch * total_steps),
         "timing_warmup_steps": spec["train"]["timing_warmup_steps"],
-        "time_per_epoch_s": (steady_time / len(steady)) * steps_per_epoch if steady else None,
         "epoch_time_s": [epoch_wall[e] for e in sorted(epoch_wall)],
         "train_time_s": sum(r["step_time_s"] for r in rows),
-        "step_time_median_s": M.median(r["step_time_s"] for r in steady),
-        "step_time_p90_s": M.percentile([r["step_time_s"] for r in steady], 0.9),
-        "forward_median_s": M.median(r["forward_s"] for r in steady),
-        "backward_median_s": M.median(r["backward_s"] for r in steady),
-        "optimizer_median_s": M.median(r["optimizer_s"] for r in steady),
-        "tokens_per_s": tokens_per_s, "samples_per_s": samples_per_s, "flops_per_token": fpt,
-        "peak_tflops": M.peak_tflops(device_name),
-        "mfu": M.mfu(fpt, tokens_per_s, ctx.world_size, device_name),
+        "flops_per_token": fpt, "peak_tflops": M.peak_tflops(device_name),
+        **M.timing(rows, steps_per_epoch, ctx.world_size, fpt, device_name, spec["train"]["checkpoint_every"]),
         "peak_allocated_bytes": max(g[0] for g in gathered) if ctx.device.type == "cuda" else None,
         "peak_reserved_bytes": max(g[1] for g in gathered) if ctx.device.type == "cuda" else None,
         "peak_host_rss_bytes_per_rank": [g[2] for g in gathered],
