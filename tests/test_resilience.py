@@ -38,13 +38,13 @@ def test_sigkilled_job_resumes_with_the_same_final_loss(default_study, strategy)
     train = {"max_steps": 100, "checkpoint_every": 20, "log_every": 10}
     ref = overlay(wd, f"ref_{strategy}", results_dir=f"results/ref_{strategy}", work_dir=work,
                   strategies=[strategy], train=train)
-    snakemake(wd, *ref, f"results/ref_{strategy}/tables/runs.csv")
+    snakemake(wd, f"results/ref_{strategy}/tables/runs.csv", *ref)
     expected = pd.read_csv(wd / f"results/ref_{strategy}/tables/steps.csv")
 
     args = overlay(wd, f"kill_{strategy}", results_dir=f"results/kill_{strategy}", work_dir=work,
                    strategies=[strategy], train=train)
     target = f"results/kill_{strategy}/tables/runs.csv"
-    sm = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "all", *args, target], cwd=wd,
+    sm = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "all", target, *args], cwd=wd,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = wd / work / f"runs/gpt2-tiny/{strategy}/ws2/r0/ckpt/latest"
     deadline = time.time() + 300
@@ -56,7 +56,7 @@ def test_sigkilled_job_resumes_with_the_same_final_loss(default_study, strategy)
     kill_tree(launcher.pid)
     assert sm.wait(timeout=300) != 0, "the killed job must fail the first invocation"
 
-    snakemake(wd, *args, "--rerun-incomplete", target)
+    snakemake(wd, target, "--rerun-incomplete", *args)
     runs = pd.read_csv(wd / target)
     steps = pd.read_csv(wd / f"results/kill_{strategy}/tables/steps.csv")
     assert runs.loc[0, "resumed_from_step"] >= 20

@@ -31,16 +31,18 @@ def test_dry_run_plans_every_stage(tmp_path):
 
 
 @pytest.mark.parametrize("override, named", [
-    ("strategies=[ddp,zero9]", "strategies: unknown strategy 'zero9'"),
-    ("models=[gpt5]", "models: unknown model 'gpt5'"),
-    ("world_sizes=[64]", "world_sizes: 64 ranks per node"),
-    ("corpus={'source':'local','local':{'paths':['missing/*.txt']}}", "corpus.local.paths: no file matches"),
+    ({"strategies": ["ddp", "zero9"]}, "strategies: unknown strategy 'zero9'"),
+    ({"models": ["gpt5"]}, "models: unknown model 'gpt5'"),
+    ({"world_sizes": [64]}, "world_sizes: 64 ranks per node"),
+    ({"corpus": {"source": "local", "local": {"paths": ["missing/*.txt"]}}}, "corpus.local.paths: no file matches"),
 ])
 def test_bad_config_is_one_error_naming_the_key(tmp_path, override, named):
     wd = copy_workflow(tmp_path / "wf")
-    done = snakemake(wd, "-n", "--config", override, check=False)
+    (wd / "bad.yaml").write_text(yaml.safe_dump(override))
+    done = snakemake(wd, "-n", "--configfile", "config.yaml", "bad.yaml", check=False)
     assert done.returncode != 0
     assert named in done.stderr + done.stdout
+    assert (done.stderr + done.stdout).count("invalid study config") == 1, "one error"
     assert not (wd / "work").exists(), "no job may start"
 
 
