@@ -5,7 +5,6 @@ from snakemake.utils import validate
 
 from workflow_scripts import config_check, study
 from workflow_scripts.report_hook import write_report_after_success
-from workflow_scripts.strategies import STRATEGIES
 
 
 validate(config, schema="../schemas/config.schema.yaml", set_default=True)
