@@ -19,6 +19,7 @@ import math
 import os
 import resource
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -321,7 +322,7 @@ def train(spec: dict) -> dict:
     dist.barrier()
     if rank == 0:
         shutil.rmtree(ckpt_dir, ignore_errors=True)  # the run is complete: checkpoints are no longer needed
-    dist.destroy_process_group()
+    dist.barrier()
     return summary
 
 
@@ -373,6 +374,12 @@ def main(argv=None):
     spec = json.loads(Path(ap.parse_args(argv).spec).read_text())
     try:
         train(spec)
+        # Everything is written and every rank passed the last barrier: leave without running C++ destructors.
+        # DeepSpeed's CPU shared-memory comm threads sometimes abort a rank at interpreter exit ("terminate
+        # called without an active exception", seen once in CI-sized runs), which would fail a finished run.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     except torch.OutOfMemoryError as exc:
         rank = int(os.environ.get("RANK", 0))
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if spec["platform"] != "cpu" else None
