@@ -17,6 +17,7 @@ include: "rules/train.smk"
 include: "rules/parse.smk"
 include: "rules/figures.smk"
 include: "rules/doctor.smk"
+include: "rules/bench.smk"
 
 
 rule all:

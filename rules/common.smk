@@ -50,34 +50,11 @@ def ops_for(wildcards):
 
 
 def run_spec(wildcards):
-    """Everything one training run depends on (and nothing else: editing figures never reruns training)."""
-    out = RUN.format(**wildcards)
-    spec = {
-        "run_id": f"{wildcards.model}__{wildcards.strategy}__ws{wildcards.world}__r{wildcards.repeat}",
-        "study": config["study"],
-        "model": wildcards.model,
-        "strategy": wildcards.strategy,
-        "world_size": int(wildcards.world),
-        "repeat": int(wildcards.repeat),
-        "nodes": config["nodes"],
-        "platform": PLATFORM,
-        "precision": config["train"]["precision"],
-        "train": {k: v for k, v in config["train"].items() if k != "precision"}
-        | RUNS[(wildcards.model, wildcards.strategy, int(wildcards.world))],
-        "options": config["strategy_options"].get(wildcards.strategy, {}),
-        "pretrained": config["pretrained"].get(wildcards.model),
-        "model_overrides": config["model_overrides"].get(wildcards.model, {}),
-        "sampler": config["sampler"],
-        "substitutions": config["substitutions"],
-        "data": {"train": f"{W}/data/train.npy", "val": f"{W}/data/val.npy",
-                 "manifest": f"{R}/data/tokens_manifest.json"},
-        "ops": ops_for(wildcards),
-        "torch_extensions_dir": f"{W}/torch_extensions",
-        "out_dir": out,
-        "work_dir": f"{W}/runs/{wildcards.model}/{wildcards.strategy}/ws{wildcards.world}/r{wildcards.repeat}",
-    }
-    # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
-    spec["train"]["seed"] = config["train"]["seed"] + int(wildcards.repeat)
+    """The run's spec as JSON (workflow_scripts.study.run_spec): a params value, so any change reruns the run."""
+    w = wildcards
+    spec = study.run_spec(config, w.model, w.strategy, int(w.world), int(w.repeat),
+                          RUNS[(w.model, w.strategy, int(w.world))], out_dir=RUN.format(**w),
+                          work_dir=f"{W}/runs/{w.model}/{w.strategy}/ws{w.world}/r{w.repeat}", ops=ops_for(w))
     return json.dumps(spec, sort_keys=True)
 
 
@@ -90,4 +67,4 @@ def train_gpus(wildcards):
 
 
 def write_report():
-    write_report_after_success(workflow, config, f"{R}/report.html")
+    write_report_after_success(workflow, config, f"{R}/report.html", needs=f"{R}/tables/summary.md")

@@ -89,6 +89,16 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
                 out.append(f"corpus.local.paths: no file matches {pattern!r}")
     if c["source"] == "hub" and _is_local(c["hub"]["path"]) and not os.path.exists(c["hub"]["path"]):
         out.append(f"corpus.hub.path: {c['hub']['path']!r} does not exist")
+    b = config.get("bench") or {}
+    if b:
+        if b.get("model") not in MODELS:
+            out.append(f"bench.model: unknown model {b.get('model')!r} (known: {', '.join(MODELS)})")
+        for s in list(b.get("strategies", [])) + [b.get("lever_strategy")]:
+            if s not in STRATEGIES:
+                out.append(f"bench: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
+        names = [lever["name"] for lever in b.get("levers", [])]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            out.append(f"bench.levers: name {name!r} is used twice")
     for model, path in config.get("pretrained", {}).items():
         if model not in MODELS:
             out.append(f"pretrained.{model}: unknown model")

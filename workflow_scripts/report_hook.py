@@ -13,8 +13,11 @@ from pathlib import Path
 import yaml
 
 
-def write_report_after_success(workflow, config: dict, report_path: str) -> None:
+def write_report_after_success(workflow, config: dict, report_path: str, needs: str | None = None) -> None:
+    """`needs`: a file of the `all` target; without it (a run of `doctor` or `bench_harness` only) no report."""
     if os.environ.get("PIPELINE_NO_REPORT") or getattr(workflow, "dryrun", False):
+        return
+    if needs is not None and not Path(needs).exists():
         return
     effective = Path(report_path).with_name("config.effective.yaml")
     effective.parent.mkdir(parents=True, exist_ok=True)

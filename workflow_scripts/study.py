@@ -30,3 +30,36 @@ def all_names(config: dict, field: str) -> list:
     for g in groups(config):
         seen += [x for x in g[field] if x not in seen]
     return seen
+
+
+def run_spec(config: dict, model: str, strategy: str, world: int, repeat: int, overrides: dict, out_dir: str,
+             work_dir: str, ops: list) -> dict:
+    """Everything one training run depends on (and nothing else: editing figures never reruns training).
+    `overrides`: the run's group train settings (and a benchmark variant's levers) over the top-level train."""
+    R, W = config["results_dir"], config["work_dir"]
+    spec = {
+        "run_id": f"{model}__{strategy}__ws{world}__r{repeat}",
+        "study": config["study"],
+        "model": model,
+        "strategy": strategy,
+        "world_size": int(world),
+        "repeat": int(repeat),
+        "nodes": config["nodes"],
+        "platform": config["platform"],
+        "precision": overrides.get("precision", config["train"]["precision"]),
+        "train": {k: v for k, v in {**config["train"], **overrides}.items() if k != "precision"},
+        "options": config["strategy_options"].get(strategy, {}),
+        "pretrained": config["pretrained"].get(model),
+        "model_overrides": config["model_overrides"].get(model, {}),
+        "sampler": config["sampler"],
+        "substitutions": config["substitutions"],
+        "data": {"train": f"{W}/data/train.npy", "val": f"{W}/data/val.npy",
+                 "manifest": f"{R}/data/tokens_manifest.json"},
+        "ops": list(ops),
+        "torch_extensions_dir": f"{W}/torch_extensions",
+        "out_dir": out_dir,
+        "work_dir": work_dir,
+    }
+    # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
+    spec["train"]["seed"] = config["train"]["seed"] + int(repeat)
+    return spec

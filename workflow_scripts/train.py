@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from workflow_scripts import metrics as M
+from workflow_scripts import harness, metrics as M
 from workflow_scripts.models import build_model, count_params, flops_per_token, padded_vocab, MODELS
 from workflow_scripts.step_signal import StepPublisher
 from workflow_scripts.strategies import get as get_strategy
@@ -197,7 +197,9 @@ def train(spec: dict) -> dict:
     if t["gradient_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    settings = strategy.settings(ctx)
+    levers = harness.apply(model, t)
+    ctx.loss_fn = harness.loss_function(t)
+    settings = {**strategy.settings(ctx), "harness": levers}
     if rank == 0:
         (out_dir / "strategy_settings.json").write_text(json.dumps(settings, indent=2, default=str))
     engine = strategy.build(model, ctx)
@@ -317,6 +319,7 @@ def train(spec: dict) -> dict:
         summary = summarise(spec, ctx, strategy, rows, batches.steps_per_epoch, total_steps, seq_len, vocab,
                             data["vocab_size"], n_params, spec_model, device_name, val_initial, val_final, gathered,
                             resumed_from)
+        summary.update(compile_blocks=levers["compile_blocks"], compile_loss=levers["compile_loss"])
         write_metrics(out_dir / "metrics.csv", rows)
         (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     dist.barrier()

@@ -45,6 +45,7 @@ class RunContext:
     seed: int
     work_dir: str  # per-run scratch (offload files, ...)
     options: dict = field(default_factory=dict)  # this strategy's section of `strategy_options`
+    loss_fn: Callable | None = None  # (logits, tokens) -> loss; None: lm_loss (see workflow_scripts.harness)
 
     @property
     def effective_batch(self) -> int:
@@ -88,7 +89,7 @@ class Engine:
     def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
         with autocast(self.ctx):
             logits = self.module(input_ids=tokens).logits
-        return lm_loss(logits, tokens)
+        return (self.ctx.loss_fn or lm_loss)(logits, tokens)
 
     def micro_step(self, last: bool):
         return contextlib.nullcontext()

@@ -1,0 +1,59 @@
+# Harness benchmark, not part of `all`:
+#   snakemake --cores all bench_harness --configfile studies/bench_harness.yaml
+# workflow_scripts/bench_harness.py, in two jobs: the lever ladder (bench_levers), then ours vs Hugging Face
+# Trainer per strategy (bench_compare). Each fits a 10-minute GPU command on its own.
+BENCH_PARTS = {"levers": "levers", "compare": "harness_vs_trainer"}
+
+
+def bench_ops(wildcards):
+    from workflow_scripts.build_ops import needed_ops
+
+    b = config["bench"]
+    names = sorted({op for s in set(b["strategies"]) | {b["lever_strategy"]} for op in needed_ops(s, PLATFORM)})
+    return expand(f"{W}/ops/{{op}}.json", op=names)
+
+
+rule bench_part:
+    input:
+        train=rules.tokenize.output.train,
+        val=rules.tokenize.output.val,
+        manifest=rules.tokenize.output.manifest,
+        ops=bench_ops,
+    output:
+        csv=f"{R}/bench/{{table}}.csv",
+        md=f"{R}/bench/{{table}}.md",
+    log:
+        f"{R}/logs/bench/{{table}}.log",
+    wildcard_constraints:
+        table="|".join(BENCH_PARTS.values()),
+    params:
+        # every section but figure/table style: editing those never reruns the benchmark
+        cfg=json.dumps({k: v for k, v in config.items() if k not in ("figures", "tables")}, sort_keys=True,
+                       default=str),
+        part=lambda w: {v: k for k, v in BENCH_PARTS.items()}[w.table],
+        out=f"{R}/bench",
+    threads: 4 * config["bench"]["world_size"]
+    resources:
+        gpu=0 if PLATFORM == "cpu" else config["bench"]["world_size"],
+        timed_runs=1,
+    container:
+        IMAGE
+    shell:
+        "python3 -m workflow_scripts.bench_harness --config-json {params.cfg:q} --part {params.part} "
+        "--out-dir {params.out} > {log} 2>&1"
+
+
+rule bench_levers:
+    input:
+        f"{R}/bench/levers.csv",
+
+
+rule bench_compare:
+    input:
+        f"{R}/bench/harness_vs_trainer.csv",
+
+
+rule bench_harness:
+    input:
+        rules.bench_levers.input,
+        rules.bench_compare.input,

@@ -1,0 +1,70 @@
+"""The harness benchmark (rule bench_harness): the lever ladder and ours vs Hugging Face Trainer, on CPU ranks.
+Speed is measured on GPUs (BENCHMARKS.md); here: every row is produced, both sides train, the levers keep the
+numerics, and what each run used is recorded."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import overlay, seed_op_cache, snakemake
+
+BENCH = {"model": "gpt2-tiny", "world_size": 2, "strategies": ["ddp", "zero2", "fsdp"],
+         "harness": {"compile_loss": True},
+         "levers": [{"name": "eager", "train": {}},
+                    {"name": "compiled", "train": {"compile_loss": True, "compile_blocks": True}}]}
+
+
+@pytest.fixture(scope="module")
+def bench(default_study):
+    wd = default_study
+    seed_op_cache(wd, "work/bench")
+    snakemake(wd, "bench_harness", *overlay(wd, "bench", study="bench", results_dir="results/bench",
+                                            work_dir="work/bench", bench=BENCH,
+                                            train={"max_steps": 8, "log_every": 4, "timing_warmup_steps": 2,
+                                                   "checkpoint_every": 0, "eval_batches": 1}))
+    return wd / "results/bench/bench"
+
+
+def test_every_strategy_has_ours_and_trainer_rows(bench):
+    table = pd.read_csv(bench / "harness_vs_trainer.csv")
+    assert list(table.strategy) == BENCH["strategies"]
+    assert (table.ours_status == "ok").all() and (table.trainer_status == "ok").all()
+    assert (table.ratio - table.ours_tokens_per_s / table.trainer_tokens_per_s).abs().max() < 1e-9
+    assert (table.precision == "fp32").all()  # the study's fp32 policy: the same on both sides
+    assert "ratio" in (bench / "harness_vs_trainer.md").read_text()
+
+
+def test_both_sides_train_the_same_model_on_the_same_batch(bench):
+    for strategy in BENCH["strategies"]:
+        ours = json.loads((bench / f"ours/{strategy}/r0/summary.json").read_text())
+        theirs = json.loads((bench / f"trainer/{strategy}/r0/trainer_summary.json").read_text())
+        assert theirs["n_params"] == ours["n_params"]
+        assert theirs["effective_batch"] == ours["effective_batch"] == 16
+        assert theirs["losses"][-1] < theirs["losses"][0]  # the Trainer really trained
+        assert ours["final_loss"] < ours["initial_loss"]
+    deepspeed = json.loads((bench / "trainer/zero2/r0/trainer_summary.json").read_text())
+    ours_ds = json.loads((bench / "ours/zero2/r0/strategy_settings.json").read_text())
+    assert deepspeed["settings"]["deepspeed_config"] == ours_ds["deepspeed_config"]  # the exact same JSON
+
+
+def test_levers_keep_the_loss_and_are_recorded(bench):
+    levers = pd.read_csv(bench / "levers.csv").set_index("lever")
+    assert list(levers.index) == ["eager", "compiled"]
+    assert (levers.status == "ok").all()
+    eager = pd.read_csv(bench / "levers/eager/r0/metrics.csv")
+    compiled = pd.read_csv(bench / "levers/compiled/r0/metrics.csv")
+    assert (eager.loss - compiled.loss).abs().max() < 1e-3  # compiled blocks and loss: same training
+    settings = json.loads((bench / "levers/compiled/r0/strategy_settings.json").read_text())
+    assert settings["harness"]["compile_blocks"] and settings["harness"]["compile_loss"]
+    summary = json.loads((bench / "levers/compiled/r0/summary.json").read_text())
+    assert summary["compile_blocks"] is True
+
+
+def test_bench_config_errors_name_the_key(default_study):
+    wd = default_study
+    done = snakemake(wd, "-n", "bench_harness", *overlay(wd, "badbench", bench={**BENCH, "strategies": ["zero9"]}),
+                     check=False)
+    assert done.returncode != 0
+    assert "bench: unknown strategy 'zero9'" in done.stdout + done.stderr
