@@ -8,7 +8,8 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
 - compile_loss: the next-token cross-entropy compiled: the bf16 logits are upcast inside one fused kernel instead
   of materialising an fp32 copy of the (batch x sequence x vocabulary) logits and their gradient.
 
-Both are off by default (CPU compilation costs more than it saves on the CPU study). What a run used is recorded
+`train.compile_mode` is torch.compile's mode for both (e.g. max-autotune-no-cudagraphs: Triton matmul autotuning,
+minutes of compilation). Both are off by default (CPU compilation costs more than it saves on the CPU study). What a run used is recorded
 in its `strategy_settings.json` under `harness`.
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ def apply(model: torch.nn.Module, train: dict) -> dict:
     blocks = bool(train.get("compile_blocks"))
     if blocks:
         for block in transformer_blocks(model):
-            block.compile()
+            block.compile(mode=train.get("compile_mode", "default"))
     return {"compile_blocks": blocks, "compile_loss": bool(train.get("compile_loss")),
+            "compile_mode": train.get("compile_mode", "default"),
             "attn_implementation": train.get("attn_implementation", "sdpa"),
             "gradient_checkpointing": bool(train.get("gradient_checkpointing")),
             "host_sync": f"every {train.get('log_every')} steps (losses and CUDA-event timings read together)",
@@ -40,5 +42,5 @@ def loss_function(train: dict):
     if not train.get("compile_loss"):
         return lm_loss
     if _compiled_loss is None:
-        _compiled_loss = torch.compile(lm_loss)
+        _compiled_loss = torch.compile(lm_loss, mode=train.get("compile_mode", "default"))
     return _compiled_loss
