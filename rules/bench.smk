@@ -13,6 +13,15 @@ def bench_ops(wildcards):
     return expand(f"{W}/ops/{{op}}.json", op=names)
 
 
+def bench_config(table):
+    """The config one part depends on: no figure/table style, and not the other part's keys (editing the lever
+    list never reruns the Trainer comparison, and the other way round)."""
+    other = ("strategies", "harness") if table == "levers" else ("levers", "lever_strategy")
+    cfg = {k: v for k, v in config.items() if k not in ("figures", "tables")}
+    cfg["bench"] = {k: v for k, v in config["bench"].items() if k not in other}
+    return cfg
+
+
 rule bench_part:
     input:
         train=rules.tokenize.output.train,
@@ -27,9 +36,7 @@ rule bench_part:
     wildcard_constraints:
         table="|".join(BENCH_PARTS.values()),
     params:
-        # every section but figure/table style: editing those never reruns the benchmark
-        cfg=json.dumps({k: v for k, v in config.items() if k not in ("figures", "tables")}, sort_keys=True,
-                       default=str),
+        cfg=lambda w: json.dumps(bench_config(w.table), sort_keys=True, default=str),
         part=lambda w: {v: k for k, v in BENCH_PARTS.items()}[w.table],
         out=f"{R}/bench",
     threads: 4 * config["bench"]["world_size"]

@@ -22,13 +22,26 @@ from workflow_scripts.strategies.base import lm_loss
 _compiled_loss = None
 
 
-def apply(model: torch.nn.Module, train: dict) -> dict:
-    """Compile what the config asks for (in place) and return the settings to record."""
+def apply(model: torch.nn.Module, train: dict, zero3: bool = False) -> dict:
+    """Compile what the config asks for (in place) and return the settings to record. `zero3`: the strategy is
+    DeepSpeed ZeRO-3, whose parameter hooks on every submodule break a compiled block into pieces: each block
+    becomes a ZeRO-3 leaf module instead (its parameters gathered together by hooks on the block) and only the
+    block's forward is compiled, so the hooks run between compiled blocks, not inside them."""
     blocks = bool(train.get("compile_blocks"))
-    if blocks:
+    mode = train.get("compile_mode", "default")
+    extra = {}
+    if blocks and zero3:
+        from deepspeed.utils import set_z3_leaf_modules
+
+        layers = transformer_blocks(model)
+        set_z3_leaf_modules(model, [type(layers[0])])
+        for block in layers:
+            block.forward = torch.compile(block.forward, mode=mode)
+        extra = {"zero3_leaf_modules": type(layers[0]).__name__}
+    elif blocks:
         for block in transformer_blocks(model):
-            block.compile(mode=train.get("compile_mode", "default"))
-    return {"compile_blocks": blocks, "compile_loss": bool(train.get("compile_loss")),
+            block.compile(mode=mode)
+    return {**extra, "compile_blocks": blocks, "compile_loss": bool(train.get("compile_loss")),
             "compile_mode": train.get("compile_mode", "default"),
             "attn_implementation": train.get("attn_implementation", "sdpa"),
             "gradient_checkpointing": bool(train.get("gradient_checkpointing")),

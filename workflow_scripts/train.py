@@ -197,7 +197,7 @@ def train(spec: dict) -> dict:
     if t["gradient_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    levers = harness.apply(model, t)
+    levers = harness.apply(model, t, zero3=strategy.family == "deepspeed" and strategy.zero_stage == 3)
     ctx.loss_fn = harness.loss_function(t)
     settings = {**strategy.settings(ctx), "harness": levers}
     if rank == 0:
