@@ -95,9 +95,10 @@ def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
     b, rows = config["bench"], []
     for r in range(b["rounds"]):
         for lever in b["levers"]:
-            spec = spec_for(config, b["lever_strategy"], lever["train"], out / "levers" / lever["name"] / f"r{r}", r)
+            strategy = lever.get("strategy", b["lever_strategy"])
+            spec = spec_for(config, strategy, lever["train"], out / "levers" / lever["name"] / f"r{r}", r)
             print(f"lever {lever['name']} (round {r})", flush=True)
-            rows.append(lever_row(lever["name"], lever["train"], run_ours(spec), r))
+            rows.append({**lever_row(lever["name"], lever["train"], run_ours(spec), r), "strategy": strategy})
             save(pd.DataFrame(rows))
     return pd.DataFrame(rows)
 

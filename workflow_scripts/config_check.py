@@ -93,7 +93,8 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
     if b:
         if b.get("model") not in MODELS:
             out.append(f"bench.model: unknown model {b.get('model')!r} (known: {', '.join(MODELS)})")
-        for s in list(b.get("strategies", [])) + [b.get("lever_strategy")]:
+        for s in list(b.get("strategies", [])) + [b.get("lever_strategy")] + [
+                lever["strategy"] for lever in b.get("levers", []) if "strategy" in lever]:
             if s not in STRATEGIES:
                 out.append(f"bench: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
         names = [lever["name"] for lever in b.get("levers", [])]
