@@ -1,5 +1,6 @@
 # Shared helpers: config validation (schema + checks that name the key at fault), paths, run specs.
 import json
+import os
 
 from snakemake.utils import validate
 
@@ -64,6 +65,27 @@ def train_threads(wildcards):
 
 def train_gpus(wildcards):
     return 0 if PLATFORM == "cpu" else int(wildcards.world) // config["nodes"]
+
+
+BENCH_PARTS = {"levers": "levers", "compare": "harness_vs_trainer"}  # --part of bench_harness -> its table
+
+
+def bench_ops(wildcards):
+    from workflow_scripts.build_ops import needed_ops
+
+    b = config["bench"]
+    used = set(b["strategies"]) | {b["lever_strategy"]} | {lv["strategy"] for lv in b["levers"] if "strategy" in lv}
+    names = sorted({op for s in used for op in needed_ops(s, PLATFORM)})
+    return expand(f"{W}/ops/{{op}}.json", op=names)
+
+
+def bench_config(table):
+    """The config one part depends on: no figure/table style, and not the other part's keys (editing the lever
+    list never reruns the Trainer comparison, and the other way round)."""
+    other = ("strategies", "harness") if table == "levers" else ("levers", "lever_strategy")
+    cfg = {k: v for k, v in config.items() if k not in ("figures", "tables")}
+    cfg["bench"] = {k: v for k, v in config["bench"].items() if k not in other}
+    return cfg
 
 
 def write_report():
