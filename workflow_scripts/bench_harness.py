@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,12 +40,12 @@ def matching_precision(strategy: str, precision: str) -> str:
     return "bf16-mixed" if get_strategy(strategy).family == "ddp" else "bf16-pure"
 
 
-def spec_for(config: dict, strategy: str, overrides: dict, out_dir: Path, repeat: int) -> dict:
+def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, repeat: int) -> dict:
+    """The run spec of one benchmark run: results under out/run, scratch under work_dir/bench/run."""
     b = config["bench"]
-    work = Path(config["work_dir"]) / "bench" / out_dir.relative_to(out_dir.parents[2])
     ops = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy, config["platform"])]
-    spec = study.run_spec(config, b["model"], strategy, b["world_size"], repeat,
-                          {**b["train"], **overrides}, out_dir=str(out_dir), work_dir=str(work), ops=ops)
+    spec = study.run_spec(config, b["model"], strategy, b["world_size"], repeat, {**b["train"], **overrides},
+                          out_dir=str(out / run), work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=ops)
     spec["study"] = f"{config['study']}/bench"
     return spec
 
@@ -86,7 +85,7 @@ def _gib(x):
 def lever_row(name: str, overrides: dict, s: dict, repeat: int) -> dict:
     return {"lever": name, "settings": json.dumps(overrides, sort_keys=True), "repeat": repeat,
             "status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"), "mfu": s.get("mfu"),
-            "step_time_s": s.get("step_time_median_s", s.get("step_time_s")),
+            "step_time_s": s.get("step_time_median_s"),
             "peak_allocated_gib": _gib(s.get("peak_allocated_bytes")), "final_loss": s.get("final_loss"),
             "micro_batch": s.get("micro_batch"), "vocab_size": s.get("vocab_size"), "precision": s.get("precision")}
 
@@ -96,7 +95,7 @@ def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
     for r in range(b["rounds"]):
         for lever in b["levers"]:
             strategy = lever.get("strategy", b["lever_strategy"])
-            spec = spec_for(config, strategy, lever["train"], out / "levers" / lever["name"] / f"r{r}", r)
+            spec = spec_for(config, strategy, lever["train"], out, f"levers/{lever['name']}/r{r}", r)
             print(f"lever {lever['name']} (round {r})", flush=True)
             rows.append({**lever_row(lever["name"], lever["train"], run_ours(spec), r), "strategy": strategy})
             save(pd.DataFrame(rows))
@@ -116,9 +115,9 @@ def run_comparison(config: dict, out: Path, save=lambda df: None) -> pd.DataFram
     for r in range(b["rounds"]):
         for strategy in b["strategies"]:
             precision = matching_precision(strategy, config["train"]["precision"])
-            ours = spec_for(config, strategy, {**b["harness"], "precision": precision},
-                            out / "ours" / strategy / f"r{r}", r)
-            theirs = spec_for(config, strategy, {"precision": precision}, out / "trainer" / strategy / f"r{r}", r)
+            ours = spec_for(config, strategy, {**b["harness"], "precision": precision}, out,
+                            f"ours/{strategy}/r{r}", r)
+            theirs = spec_for(config, strategy, {"precision": precision}, out, f"trainer/{strategy}/r{r}", r)
             order = [("ours", ours), ("trainer", theirs)]
             if r % 2:
                 order.reverse()  # interleaved: neither side always runs first

@@ -30,10 +30,9 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainingArguments, __version__ as TRANSFORMERS_VERSION
 
 from workflow_scripts import metrics as M
-from workflow_scripts.models import MODELS, build_model, count_params, flops_per_token, padded_vocab
-from workflow_scripts.models import transformer_blocks
+from workflow_scripts.models import MODELS, count_params, flops_per_token, transformer_blocks
 from workflow_scripts.strategies import get as get_strategy
-from workflow_scripts.train import run_context
+from workflow_scripts.train import load_data, make_model, run_context
 
 
 class TokenBlocks(torch.utils.data.Dataset):
@@ -96,16 +95,10 @@ def run(spec: dict) -> dict | None:
     else:
         torch.set_num_threads(max(1, int(t.get("threads_per_rank", 1))))
     ctx = run_context(spec, rank, local_rank, world, local_world, device)
-    data = json.loads(Path(spec["data"]["manifest"]).read_text())
-    blocks = np.load(spec["data"]["train"], mmap_mode="r")
-    if t.get("max_train_samples"):
-        blocks = blocks[: t["max_train_samples"]]
-    vocab = max(padded_vocab(data["vocab_size"], t["vocab_multiple"]), t.get("embedding_rows") or 0)
+    data, blocks, _, vocab = load_data(spec)
     seq_len = data["block_size"]
     torch.manual_seed(t["seed"])
-    model = build_model(spec["model"], vocab, seq_len, pretrained=spec.get("pretrained"),
-                        attn_implementation=t["attn_implementation"], overrides=spec.get("model_overrides"))
-    model.config.use_cache = False
+    model = make_model(spec, vocab, seq_len)
     n_params = count_params(model)
     steps_per_epoch = len(blocks) // ctx.effective_batch
     total_steps = min(t["epochs"] * steps_per_epoch, t.get("max_steps") or 10**12)

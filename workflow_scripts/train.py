@@ -75,6 +75,28 @@ def lr_at(step: int, t: dict, total_steps: int) -> float:
     return t["min_lr"] + 0.5 * (t["lr"] - t["min_lr"]) * (1 + math.cos(math.pi * progress))
 
 
+def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
+    """The tokens manifest, the training blocks (the first max_train_samples), the validation blocks, and the
+    embedding rows: the tokenizer's vocabulary padded to vocab_multiple, or the original model's row count."""
+    t = spec["train"]
+    data = json.loads(Path(spec["data"]["manifest"]).read_text())
+    blocks = np.load(spec["data"]["train"], mmap_mode="r")
+    if t.get("max_train_samples"):
+        blocks = blocks[: t["max_train_samples"]]
+    val = np.load(spec["data"]["val"], mmap_mode="r")
+    vocab = max(padded_vocab(data["vocab_size"], t["vocab_multiple"]), t.get("embedding_rows") or 0)
+    return data, blocks, val, vocab
+
+
+def make_model(spec: dict, vocab: int, seq_len: int):
+    """The run's model (registry shape or pretrained weights), fp32 on the CPU, no generation cache."""
+    model = build_model(spec["model"], vocab, seq_len, pretrained=spec.get("pretrained"),
+                        attn_implementation=spec["train"]["attn_implementation"],
+                        overrides=spec.get("model_overrides"))
+    model.config.use_cache = False
+    return model
+
+
 class Batches:
     """Same samples, same order, for every strategy: epoch e uses permutation(seed + e) of the training blocks;
     step s takes the next `effective_batch` of them; rank r's micro-step m takes slots (m * world + r) * micro."""
@@ -180,23 +202,14 @@ def train(spec: dict) -> dict:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(t["seed"])
     if device.type == "cpu":
-        torch.set_num_threads(max(1, int(spec.get("threads_per_rank", 1))))
+        torch.set_num_threads(max(1, int(t.get("threads_per_rank", 1))))
 
-    data = json.loads(Path(spec["data"]["manifest"]).read_text())
-    blocks = np.load(spec["data"]["train"], mmap_mode="r")
-    if t.get("max_train_samples"):
-        blocks = blocks[: t["max_train_samples"]]
-    val = np.load(spec["data"]["val"], mmap_mode="r")
-    # embedding rows: the tokenizer's vocabulary padded to vocab_multiple, or the original model's row count
-    vocab = max(padded_vocab(data["vocab_size"], t["vocab_multiple"]), t.get("embedding_rows") or 0)
+    data, blocks, val, vocab = load_data(spec)
     seq_len = data["block_size"]
-
-    model = build_model(spec["model"], vocab, seq_len, pretrained=spec.get("pretrained"),
-                        attn_implementation=t["attn_implementation"], overrides=spec.get("model_overrides"))
+    model = make_model(spec, vocab, seq_len)
     n_params = count_params(model)
     if t["gradient_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
     levers = harness.apply(model, t, zero3=strategy.family == "deepspeed" and strategy.zero_stage == 3)
     ctx.loss_fn = harness.loss_function(t)
     settings = {**strategy.settings(ctx), "harness": levers}
