@@ -123,7 +123,10 @@ def test_every_job_went_through_sbatch(slurm_run, slurm_cluster):  # noqa: F811
     ctld_log = slurm_cluster.log("slurmctld")
     for job_id in submitted:
         assert slurm_cluster.show_job(job_id)["JobState"] == "COMPLETED", job_id
-        assert re.search(rf"sched: Allocate JobId={job_id} ", ctld_log), job_id
+        # the controller started it: "sched: Allocate JobId=N" (main scheduler) or "... Started JobId=N in <partition>"
+        # (backfill scheduler, which sometimes picks the job up first)
+        started = rf"(sched: Allocate JobId={job_id} |Started JobId={job_id} in )"
+        assert re.search(started, ctld_log), job_id
 
 
 def test_training_runs_record_their_slurm_job(slurm_run, slurm_cluster):  # noqa: F811
