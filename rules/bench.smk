@@ -1,6 +1,6 @@
 # Harness benchmark, not part of `all`:
 #   snakemake --cores all bench_harness --configfile studies/bench_harness.yaml
-# workflow_scripts/bench_harness.py, in two jobs: the lever ladder (bench_levers), then ours vs Hugging Face
+# workflow_scripts/bench/harness.py, in two jobs: the lever ladder (bench_levers), then ours vs Hugging Face
 # Trainer per strategy (bench_compare). Each fits a 10-minute GPU command on its own.
 rule bench_part:
     input:
@@ -26,7 +26,7 @@ rule bench_part:
     container:
         IMAGE
     shell:
-        "python3 -m workflow_scripts.bench_harness --config-json {params.cfg:q} --part {params.part} "
+        "python3 -m workflow_scripts.bench.harness --config-json {params.cfg:q} --part {params.part} "
         "--out-dir {params.out} > {log} 2>&1"
 
 
@@ -44,3 +44,28 @@ rule bench_harness:
     input:
         rules.bench_levers.input,
         rules.bench_compare.input,
+
+
+# Sampler overhead, not part of `all`: the same run with the VRAM sampler on and off, interleaved over bench.rounds.
+rule bench_sampler:
+    input:
+        train=rules.tokenize.output.train,
+        val=rules.tokenize.output.val,
+        manifest=rules.tokenize.output.manifest,
+        ops=bench_ops,
+    output:
+        csv=f"{R}/bench/sampler_overhead.csv",
+        md=f"{R}/bench/sampler_overhead.md",
+    log:
+        f"{R}/logs/bench/sampler_overhead.log",
+    params:
+        cfg=json.dumps(bench_config("sampler"), sort_keys=True, default=str),
+        out=lambda w, output: os.path.dirname(output.csv),
+    threads: 4 * config["bench"]["world_size"]
+    resources:
+        gpu=0 if PLATFORM == "cpu" else config["bench"]["world_size"],
+        timed_runs=1,
+    container:
+        IMAGE
+    shell:
+        "python3 -m workflow_scripts.bench.sampler --config-json {params.cfg:q} --out-dir {params.out} > {log} 2>&1"

@@ -4,8 +4,9 @@ import os
 
 from snakemake.utils import validate
 
-from workflow_scripts import config_check, study
-from workflow_scripts.report_hook import write_report_after_success
+from workflow_scripts import columns, config_check, study
+from workflow_scripts.report.report_hook import write_report_after_success
+from workflow_scripts.training.layout import Layout
 
 
 validate(config, schema="../schemas/config.schema.yaml", set_default=True)
@@ -17,25 +18,24 @@ except config_check.ConfigError as exc:
 R = config["results_dir"]
 W = config["work_dir"]
 PLATFORM = config["platform"]
-RUN = f"{R}/runs/{{model}}/{{strategy}}/ws{{world}}/r{{repeat}}"
+RUN = f"{R}/runs/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}"  # layout: ws2, dp2-pp2-tp2, ...
 IMAGE = config["containers"][PLATFORM]  # used only under --use-apptainer
-FIGURES = ["loss_curves", "peak_memory", "throughput", "time_per_epoch", "mfu", "memory_timeline",
-           "memory_vs_throughput", "scaling"]
+FIGURES = columns.FIGURES
 
 
 wildcard_constraints:
     model="[A-Za-z0-9_.-]+",
     strategy="[a-z0-9_]+",
-    world="[0-9]+",
+    layout="ws[0-9]+|dp[0-9]+(-[a-z]+[0-9]+)*",
     repeat="[0-9]+",
     op="[A-Za-z]+",
 
 
-RUNS = study.runs(config)  # (model, strategy, world_size) -> the group's train overrides
+RUNS = study.runs(config)  # (model, strategy, layout key) -> the group's train overrides
 
 
 def run_dirs():
-    return [RUN.format(model=m, strategy=s, world=w, repeat=r) for (m, s, w) in RUNS
+    return [RUN.format(model=m, strategy=s, layout=k, repeat=r) for (m, s, k) in RUNS
             for r in range(config["repeats"])]
 
 
@@ -45,7 +45,7 @@ def all_outputs():
 
 
 def ops_for(wildcards):
-    from workflow_scripts.build_ops import needed_ops
+    from workflow_scripts.training.build_ops import needed_ops
 
     return expand(f"{W}/ops/{{op}}.json", op=needed_ops(wildcards.strategy, PLATFORM))
 
@@ -53,25 +53,26 @@ def ops_for(wildcards):
 def run_spec(wildcards):
     """The run's spec as JSON (workflow_scripts.study.run_spec): a params value, so any change reruns the run."""
     w = wildcards
-    spec = study.run_spec(config, w.model, w.strategy, int(w.world), int(w.repeat),
-                          RUNS[(w.model, w.strategy, int(w.world))], out_dir=RUN.format(**w),
-                          work_dir=f"{W}/runs/{w.model}/{w.strategy}/ws{w.world}/r{w.repeat}", ops=ops_for(w))
+    spec = study.run_spec(config, w.model, w.strategy, Layout.from_key(w.layout), int(w.repeat),
+                          RUNS[(w.model, w.strategy, w.layout)], out_dir=RUN.format(**w),
+                          work_dir=f"{W}/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}", ops=ops_for(w))
     return json.dumps(spec, sort_keys=True)
 
 
 def train_threads(wildcards):
-    return int(wildcards.world) if PLATFORM == "cpu" else 4 * int(wildcards.world)  # capped by --cores
+    ranks = Layout.from_key(wildcards.layout).world_size
+    return ranks if PLATFORM == "cpu" else 4 * ranks  # capped by --cores
 
 
 def train_gpus(wildcards):
-    return 0 if PLATFORM == "cpu" else int(wildcards.world) // config["nodes"]
+    return 0 if PLATFORM == "cpu" else Layout.from_key(wildcards.layout).world_size // config["nodes"]
 
 
 BENCH_PARTS = {"levers": "levers", "compare": "harness_vs_trainer"}  # --part of bench_harness -> its table
 
 
 def bench_ops(wildcards):
-    from workflow_scripts.build_ops import needed_ops
+    from workflow_scripts.training.build_ops import needed_ops
 
     b = config["bench"]
     used = set(b["strategies"]) | {b["lever_strategy"]} | {lv["strategy"] for lv in b["levers"] if "strategy" in lv}
@@ -82,7 +83,8 @@ def bench_ops(wildcards):
 def bench_config(table):
     """The config one part depends on: no figure/table style, and not the other part's keys (editing the lever
     list never reruns the Trainer comparison, and the other way round)."""
-    other = ("strategies", "harness") if table == "levers" else ("levers", "lever_strategy")
+    other = {"levers": ("strategies", "harness"), "sampler": ("strategies", "harness", "levers")}.get(
+        table, ("levers", "lever_strategy"))
     cfg = {k: v for k, v in config.items() if k not in ("figures", "tables")}
     cfg["bench"] = {k: v for k, v in config["bench"].items() if k not in other}
     return cfg

@@ -10,5 +10,5 @@ rule corpus:
     container:
         IMAGE
     shell:
-        "python3 -m workflow_scripts.corpus --params {params.corpus:q} --jsonl {output.jsonl} "
+        "python3 -m workflow_scripts.data.corpus --params {params.corpus:q} --jsonl {output.jsonl} "
         "--manifest {output.manifest} > {log} 2>&1"

@@ -18,7 +18,7 @@ rule summary_table:
     container:
         IMAGE
     shell:
-        "python3 -m workflow_scripts.tables --runs {input.runs} --style {params.style:q} --out-dir $(dirname {output.md}) "
+        "python3 -m workflow_scripts.report.tables --runs {input.runs} --style {params.style:q} --out-dir $(dirname {output.md}) "
         "> {log} 2>&1"
 
 
@@ -38,5 +38,5 @@ rule figures:
     container:
         IMAGE
     shell:
-        "python3 -m workflow_scripts.figures --runs {input.runs} --steps {input.steps} --vram {input.vram} "
+        "python3 -m workflow_scripts.report.figures --runs {input.runs} --steps {input.steps} --vram {input.vram} "
         "--style {params.style:q} --out-dir $(dirname {output.png[0]}) > {log} 2>&1"

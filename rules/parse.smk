@@ -22,5 +22,5 @@ rule parse:
     container:
         IMAGE
     shell:
-        "python3 -m workflow_scripts.parse --runs {params.runs} --out-dir $(dirname {output.runs}) > {log} 2>&1"
+        "python3 -m workflow_scripts.report.parse --runs {params.runs} --out-dir $(dirname {output.runs}) > {log} 2>&1"
 

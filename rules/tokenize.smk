@@ -16,6 +16,6 @@ rule tokenize:
     container:
         IMAGE
     shell:
-        "python3 -m workflow_scripts.tokenize_data --corpus {input.corpus} --tokenizer {input.tokenizer} "
+        "python3 -m workflow_scripts.data.tokenize --corpus {input.corpus} --tokenizer {input.tokenizer} "
         "--block-size {params.block_size} --val-fraction {params.val_fraction} --threads {threads} "
         "--train {output.train} --val {output.val} --manifest {output.manifest} > {log} 2>&1"

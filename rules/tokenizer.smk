@@ -11,5 +11,5 @@ rule tokenizer:
     container:
         IMAGE
     shell:
-        "python3 -m workflow_scripts.tokenizer --params {params.tokenizer:q} --corpus {input.corpus} "
+        "python3 -m workflow_scripts.data.tokenizer --params {params.tokenizer:q} --corpus {input.corpus} "
         "--out {output} > {log} 2>&1"

@@ -1,4 +1,4 @@
-# Stage 4: one job per (model x strategy x world size x repeat): torchrun ranks + the VRAM sampler.
+# Stage 4: one job per (model x strategy x layout x repeat): torchrun ranks + the VRAM sampler.
 # DeepSpeed ops are built once per op (build_op) before any rank starts; builds never enter a timing.
 
 
@@ -13,7 +13,7 @@ rule build_op:
     container:
         IMAGE
     shell:
-        "TORCH_EXTENSIONS_DIR=$(realpath -m {params.extensions}) python3 -m workflow_scripts.build_ops "
+        "TORCH_EXTENSIONS_DIR=$(realpath -m {params.extensions}) python3 -m workflow_scripts.training.build_ops "
         "--op {wildcards.op} --platform {params.platform} --out {output} > {log} 2>&1"
 
 
@@ -30,7 +30,7 @@ rule train:
         settings=f"{RUN}/strategy_settings.json",
         provenance=f"{RUN}/provenance.json",
     log:
-        f"{R}/logs/train/{{model}}/{{strategy}}/ws{{world}}/r{{repeat}}.log",
+        f"{R}/logs/train/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}.log",
     params:
         spec=run_spec,
         # one launcher per node; --overlap: the SLURM jobstep's own step already holds the job's CPUs
@@ -44,4 +44,4 @@ rule train:
     container:
         IMAGE
     shell:
-        "{params.launcher}python3 -m workflow_scripts.launch --spec-json {params.spec:q} > {log} 2>&1"
+        "{params.launcher}python3 -m workflow_scripts.training.launch --spec-json {params.spec:q} > {log} 2>&1"

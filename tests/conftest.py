@@ -40,11 +40,11 @@ def run(cmd, cwd=REPO, **kw):
 def token_data(tmp_path_factory) -> dict:
     """A small stdlib corpus, a 512-token BPE and 64-token blocks, built with the stage modules."""
     d = tmp_path_factory.mktemp("tokens")
-    run(["workflow_scripts.corpus", "--params", json.dumps({"source": "stdlib", "max_bytes": 400_000}),
+    run(["workflow_scripts.data.corpus", "--params", json.dumps({"source": "stdlib", "max_bytes": 400_000}),
          "--jsonl", str(d / "corpus.jsonl"), "--manifest", str(d / "corpus.json")])
-    run(["workflow_scripts.tokenizer", "--params", json.dumps({"kind": "bpe", "vocab_size": 512}),
+    run(["workflow_scripts.data.tokenizer", "--params", json.dumps({"kind": "bpe", "vocab_size": 512}),
          "--corpus", str(d / "corpus.jsonl"), "--out", str(d / "tok")])
-    run(["workflow_scripts.tokenize_data", "--corpus", str(d / "corpus.jsonl"), "--tokenizer", str(d / "tok"),
+    run(["workflow_scripts.data.tokenize", "--corpus", str(d / "corpus.jsonl"), "--tokenizer", str(d / "tok"),
          "--block-size", "64", "--val-fraction", "0.1", "--threads", "1", "--train", str(d / "train.npy"),
          "--val", str(d / "val.npy"), "--manifest", str(d / "tokens.json")])
     return {"dir": d, "train": str(d / "train.npy"), "val": str(d / "val.npy"), "manifest": str(d / "tokens.json"),

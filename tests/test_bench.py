@@ -20,11 +20,19 @@ BENCH = {"model": "gpt2-tiny", "world_size": 2, "strategies": ["ddp", "zero2", "
 def bench(default_study):
     wd = default_study
     seed_op_cache(wd, "work/bench")
-    snakemake(wd, "bench_harness", *overlay(wd, "bench", study="bench", results_dir="results/bench",
+    snakemake(wd, "bench_harness", "bench_sampler", *overlay(wd, "bench", study="bench", results_dir="results/bench",
                                             work_dir="work/bench", bench=BENCH,
                                             train={"max_steps": 8, "log_every": 4, "timing_warmup_steps": 2,
                                                    "checkpoint_every": 0, "eval_batches": 1}))
     return wd / "results/bench/bench"
+
+
+def test_sampler_overhead_runs_the_same_training_with_and_without_the_sampler(bench):
+    rounds = pd.read_csv(bench / "sampler_overhead_rounds.csv").set_index("arm")
+    assert (rounds.status == "ok").all()
+    assert rounds.loc["on", "sampler_samples"] > 0 and rounds.loc["off", "sampler_status"] == "off"
+    table = pd.read_csv(bench / "sampler_overhead.csv")
+    assert table.ratio.iloc[0] == pytest.approx(rounds.loc["on", "tokens_per_s"] / rounds.loc["off", "tokens_per_s"])
 
 
 def test_every_strategy_has_ours_and_trainer_rows(bench):

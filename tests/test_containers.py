@@ -137,8 +137,8 @@ def needed_ops(platform: str) -> dict[str, tuple[str, str]]:
     DeepSpeed's CUDA accelerator (used by CUDA and ROCm torch alike) resolves them."""
     code = (
         "import json, sys\n"
-        "from workflow_scripts.build_ops import needed_ops\n"
-        "from workflow_scripts.strategies import STRATEGIES\n"
+        "from workflow_scripts.training.build_ops import needed_ops\n"
+        "from workflow_scripts.training.strategies import STRATEGIES\n"
         "from deepspeed.accelerator import get_accelerator\n"
         f"ops = sorted({{op for s in STRATEGIES for op in needed_ops(s, {platform!r})}})\n"
         "out = {}\n"
@@ -268,8 +268,9 @@ def test_every_job_runs_in_the_platform_image_with_the_profiles_flags(cuda_profi
         assert ("--home", str(wd)) in option_pairs(call)  # Snakemake's own: the working directory as HOME
         assert call["command"][:2] == ["bash", "-c"] and "python3 -m workflow_scripts." in call["command"][2]
         assert call["cwd"] == str(wd)
-    ran = sorted(re.search(r"python3 -m workflow_scripts\.(\w+)", c["command"][2]).group(1) for c in calls)
-    assert ran == sorted(["corpus", "tokenizer", "tokenize_data", "launch", "parse", "tables", "figures"])
+    ran = sorted(re.search(r"python3 -m workflow_scripts\.([\w.]+)", c["command"][2]).group(1) for c in calls)
+    assert ran == sorted(["data.corpus", "data.tokenizer", "data.tokenize", "training.launch", "report.parse",
+                          "report.tables", "report.figures"])
 
 
 def test_the_study_completes_inside_the_image(cuda_profile_run):

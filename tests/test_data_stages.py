@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from workflow_scripts import corpus, tokenize_data, tokenizer
+from workflow_scripts.data import corpus, tokenizer
+from workflow_scripts.data import tokenize as tokenize_data
 
 
 def test_stdlib_corpus_is_deterministic_and_capped(tmp_path):

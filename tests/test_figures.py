@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from test_tables import make_study  # noqa: E402
-from workflow_scripts import figures  # noqa: E402
+from workflow_scripts.report import figures  # noqa: E402
 
 
 def load(paths: dict, **style) -> figures.Data:

@@ -7,7 +7,11 @@ from contextlib import redirect_stdout
 import pytest
 import torch
 
-from workflow_scripts import metrics, models
+from workflow_scripts.measure import metrics
+from workflow_scripts.training import models
+from workflow_scripts.training.precision import policy
+
+BF16_PURE = policy("bf16-pure").state_bytes
 
 
 @pytest.mark.parametrize("name, millions", [("gpt2", 124), ("gpt2-medium", 355), ("gpt2-large", 774),
@@ -44,7 +48,7 @@ def test_mfu_uses_the_peak_table():
 
 @pytest.mark.parametrize("stage, expected", [(0, 16), (1, 4 + 12 / 8), (2, 2 + 14 / 8), (3, 16 / 8)])
 def test_model_state_memory_matches_the_zero_paper(stage, expected):
-    got = metrics.model_state_bytes(1000, 8, stage, "bf16-pure")["predicted_model_state_bytes"]
+    got = metrics.model_state_bytes(1000, 8, stage, BF16_PURE)["predicted_model_state_bytes"]
     assert got == pytest.approx(expected * 1000)
 
 
@@ -62,14 +66,14 @@ def test_prediction_agrees_with_deepspeeds_own_estimators():
     # DeepSpeed counts 18 bytes/param for the partitioned part where the paper counts 14 (stage 2), 16 (stage 3)
     ds2 = _estimator_gpu_bytes(estimate_zero2_model_states_mem_needs, psi, num_gpus_per_node=gpus, num_nodes=1,
                                cpu_offload=False, additional_buffer_factor=1.0)
-    ours2 = metrics.model_state_bytes(psi, gpus, 2, "bf16-pure")["predicted_model_state_bytes"]
+    ours2 = metrics.model_state_bytes(psi, gpus, 2, BF16_PURE)["predicted_model_state_bytes"]
     assert ours2 + 4 * psi / gpus == pytest.approx(ds2, rel=0.01)
     ds2_off = _estimator_gpu_bytes(estimate_zero2_model_states_mem_needs, psi, num_gpus_per_node=gpus,
                                    num_nodes=1, cpu_offload=True, additional_buffer_factor=1.0)
-    ours2_off = metrics.model_state_bytes(psi, gpus, 2, "bf16-pure", offload_optimizer=True)
+    ours2_off = metrics.model_state_bytes(psi, gpus, 2, BF16_PURE, offload_optimizer=True)
     assert ours2_off["predicted_model_state_bytes"] == pytest.approx(ds2_off, rel=0.01)
     ds3 = _estimator_gpu_bytes(estimate_zero3_model_states_mem_needs, psi, largest_layer_params=0,
                                num_gpus_per_node=gpus, num_nodes=1, cpu_offload=False, cpu_offload_params=False,
                                zero_init=True, additional_buffer_factor=1.0)
-    ours3 = metrics.model_state_bytes(psi, gpus, 3, "bf16-pure")["predicted_model_state_bytes"]
+    ours3 = metrics.model_state_bytes(psi, gpus, 3, BF16_PURE)["predicted_model_state_bytes"]
     assert ours3 + 2 * psi / gpus == pytest.approx(ds3, rel=0.01)

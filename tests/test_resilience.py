@@ -26,7 +26,7 @@ def kill_tree(pid: int) -> None:
 def launcher_of(run_id: str):
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "workflow_scripts.launch" in cmd and run_id in cmd and "bash" not in cmd.split()[0]:
+        if "workflow_scripts.training.launch" in cmd and run_id in cmd and "bash" not in cmd.split()[0]:
             return p
     return None
 

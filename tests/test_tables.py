@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workflow_scripts import stats, tables  # noqa: E402
+from workflow_scripts.report import stats, tables  # noqa: E402
 
 RUNS_COLUMNS = (
     "run_id study model strategy family zero_stage world_size repeat platform device_name precision precision_detail "

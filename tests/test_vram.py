@@ -1,4 +1,4 @@
-"""Tests for workflow_scripts.vram: the host backend on real process trees, nvml/amdsmi against fake modules, the
+"""Tests for workflow_scripts.measure.vram: the host backend on real process trees, nvml/amdsmi against fake modules, the
 step column, failure handling (missing library, killed sampler) and the CLI. All memory figures in bytes."""
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from workflow_scripts.step_signal import StepPublisher  # noqa: E402
-from workflow_scripts.vram import COLUMNS, start_sampler, status_path  # noqa: E402
-from workflow_scripts.vram.sampler import SamplerConfig, run_sampler  # noqa: E402
+from workflow_scripts.measure.step_signal import StepPublisher  # noqa: E402
+from workflow_scripts.measure.vram import COLUMNS, start_sampler, status_path  # noqa: E402
+from workflow_scripts.measure.vram.sampler import SamplerConfig, run_sampler  # noqa: E402
 
 MB = 1024 * 1024
 GB = 1024 * MB
@@ -263,7 +263,7 @@ def test_stop_after_sampler_died_early_is_failed(tmp_path, tree):
 def test_cli_wraps_command_and_returns_its_exit_code(tmp_path):
     csv = tmp_path / "cli.csv"
     cmd = "import time; b = b'x' * (64 * 1024 * 1024); time.sleep(0.8); raise SystemExit(3)"
-    proc = subprocess.run([PY, "-m", "workflow_scripts.vram", "--out", str(csv), "--platform", "cpu",
+    proc = subprocess.run([PY, "-m", "workflow_scripts.measure.vram", "--out", str(csv), "--platform", "cpu",
                            "--interval", "0.05", "--", PY, "-c", cmd],
                           cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 3
@@ -275,7 +275,7 @@ def test_cli_wraps_command_and_returns_its_exit_code(tmp_path):
 
 
 def test_cli_signal_exit_code(tmp_path):
-    proc = subprocess.run([PY, "-m", "workflow_scripts.vram", "--out", str(tmp_path / "s.csv"), "--platform", "cpu",
+    proc = subprocess.run([PY, "-m", "workflow_scripts.measure.vram", "--out", str(tmp_path / "s.csv"), "--platform", "cpu",
                            "--", PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                           cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 128 + signal.SIGKILL

@@ -35,6 +35,9 @@ def test_dry_run_plans_every_stage(tmp_path):
     ({"models": ["gpt5"]}, "models: unknown model 'gpt5'"),
     ({"world_sizes": [64]}, "world_sizes: 64 ranks per node"),
     ({"corpus": {"source": "local", "local": {"paths": ["missing/*.txt"]}}}, "corpus.local.paths: no file matches"),
+    ({"layouts": [{"dp": 1, "tp": 3}]}, "layouts[0].tp: 3 does not divide gpt2-tiny's 4 attention heads"),
+    ({"layouts": [{"dp": 2, "pp": 2}]}, "layouts[0].pp: 2, but no module implements pipeline parallelism yet"),
+    ({"layouts": [{"dp": 2, "ep": 2}]}, "layouts[0].ep: 2, but gpt2-tiny has no experts"),
 ])
 def test_bad_config_is_one_error_naming_the_key(tmp_path, override, named):
     wd = copy_workflow(tmp_path / "wf")
@@ -70,7 +73,7 @@ def steps(default_study) -> pd.DataFrame:
 def test_every_strategy_has_a_row(runs):
     assert sorted(runs.index) == sorted(STRATEGIES)
     assert set(runs.status) <= {"ok", "unsupported"}
-    assert (runs.world_size == 2).all()
+    assert (runs.world_size == 2).all() and (runs.layout == "ws2").all()
     for name, row in runs[runs.status == "unsupported"].iterrows():
         assert isinstance(row.reason, str) and row.reason, name
     # on a CPU only ZeRO++ (CUDA quantizer kernels) may be unsupported; ZeRO-Infinity runs where libaio is
@@ -83,6 +86,21 @@ def test_training_lowers_validation_loss(runs):
     ok = runs[runs.status == "ok"]
     assert (ok.val_loss_final < ok.val_loss_initial - 0.5).all(), ok[["val_loss_initial", "val_loss_final"]]
     assert (ok.final_loss < ok.initial_loss).all()
+
+
+def test_losses_are_those_of_the_code_before_the_package_move(default_study, runs, steps):
+    """The house move (packages by stage, layouts, the engine owning the step) changed no number: every strategy's
+    per-step losses and validation losses equal those recorded on main before the move, bit for bit."""
+    expected = json.loads((REPO / "tests/expected/default_study_losses.json").read_text())["runs"]
+    assert sorted(expected) == sorted(runs.index)
+    for name, want in expected.items():
+        assert runs.loc[name, "status"] == want["status"], name
+        if want["status"] != "ok":
+            continue
+        got = steps[steps.strategy == name].sort_values("step").loss.tolist()
+        assert got == want["loss"], name
+        assert runs.loc[name, "val_loss_initial"] == want["val_loss_initial"], name
+        assert runs.loc[name, "val_loss_final"] == want["val_loss_final"], name
 
 
 def test_ddp_zero0_and_zero1_agree_at_the_first_steps(steps):

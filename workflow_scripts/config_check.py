@@ -9,8 +9,10 @@ import shutil
 import subprocess
 
 from workflow_scripts import study
-from workflow_scripts.models import MODELS
-from workflow_scripts.strategies import STRATEGIES
+from workflow_scripts.training.layout import Layout
+from workflow_scripts.training.models import MODELS
+from workflow_scripts.training.parallel import unimplemented
+from workflow_scripts.training.strategies import STRATEGIES
 
 
 class ConfigError(ValueError):
@@ -36,6 +38,13 @@ def _is_local(path: str) -> bool:
 
 
 def problems(config: dict, devices: int | None = None) -> list[str]:
+    found = (name_problems(config) + batch_problems(config) + layout_problems(config)
+             + size_problems(config, devices) + data_problems(config) + bench_problems(config))
+    return list(dict.fromkeys(found))  # a problem found by two checks is reported once
+
+
+def name_problems(config: dict) -> list[str]:
+    """Unknown models, strategies and their options; runs claimed twice; pretrained paths."""
     out = []
     where = "groups[].models" if config.get("groups") else "models"
     for m in study.all_names(config, "models"):
@@ -52,6 +61,17 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
     for s in config.get("strategy_options", {}):
         if s not in STRATEGIES:
             out.append(f"strategy_options.{s}: no such strategy")
+    for model, path in config.get("pretrained", {}).items():
+        if model not in MODELS:
+            out.append(f"pretrained.{model}: unknown model")
+        elif _is_local(str(path)) and not os.path.exists(path):
+            out.append(f"pretrained.{model}: {path!r} does not exist")
+    return out
+
+
+def batch_problems(config: dict) -> list[str]:
+    """Batch sizes per group, and grad_accum's accumulation that must divide them."""
+    out = []
     accum_opts = config.get("strategy_options", {}).get("grad_accum", {})
     for i, g in enumerate(study.groups(config)):
         t = {**config["train"], **g.get("train", {})}
@@ -65,8 +85,14 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
             if samples and (steps <= 0 or samples % steps):
                 out.append(f"strategy_options.grad_accum.accum_steps: {steps} must divide {where}.micro_batch_size"
                            f" x grad_accum = {samples} to keep the effective batch")
+    return out
+
+
+def size_problems(config: dict, devices: int | None) -> list[str]:
+    """World sizes against nodes and the devices of this node."""
+    out = []
     nodes = config["nodes"]
-    sizes = study.all_names(config, "world_sizes")
+    sizes = sorted(set(study.all_names(config, "world_sizes")) | set(layout_sizes(config)))
     for w in sizes:
         if w <= 0 or w % nodes:
             out.append(f"world_sizes: {w} is not a positive multiple of nodes={nodes}")
@@ -78,6 +104,11 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
         what = "CPU cores" if config["platform"] == "cpu" else f"{config['platform']} GPUs"
         out.append(f"world_sizes: {biggest} ranks per node but this node has {per_node} {what} "
                    f"(set devices_per_node to override on a cluster submit host)")
+    return out
+
+
+def data_problems(config: dict) -> list[str]:
+    out = []
     c = config["corpus"]
     if c["source"] == "local":
         import glob
@@ -89,6 +120,11 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
                 out.append(f"corpus.local.paths: no file matches {pattern!r}")
     if c["source"] == "hub" and _is_local(c["hub"]["path"]) and not os.path.exists(c["hub"]["path"]):
         out.append(f"corpus.hub.path: {c['hub']['path']!r} does not exist")
+    return out
+
+
+def bench_problems(config: dict) -> list[str]:
+    out = []
     b = config.get("bench") or {}
     if b:
         if b.get("model") not in MODELS:
@@ -100,12 +136,33 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
         names = [lever["name"] for lever in b.get("levers", [])]
         for name in sorted({n for n in names if names.count(n) > 1}):
             out.append(f"bench.levers: name {name!r} is used twice")
-    for model, path in config.get("pretrained", {}).items():
-        if model not in MODELS:
-            out.append(f"pretrained.{model}: unknown model")
-        elif _is_local(str(path)) and not os.path.exists(path):
-            out.append(f"pretrained.{model}: {path!r} does not exist")
     return out
+
+
+def layout_sizes(config: dict) -> list[int]:
+    sizes = []
+    for g in study.groups(config):
+        try:
+            sizes += [layout.world_size for layout in study.group_layouts(g)]
+        except ValueError:
+            pass  # reported by layout_problems
+    return sizes
+
+
+def layout_problems(config: dict) -> list[str]:
+    """Every layout of every group: well formed, fits each model of its group, implemented here."""
+    out = []
+    for i, g in enumerate(study.groups(config)):
+        where = f"groups[{i}].layouts" if config.get("groups") else "layouts"
+        for j, entry in enumerate(g.get("layouts") or []):
+            try:
+                layout = Layout.from_config(entry, f"{where}[{j}]")
+            except ValueError as exc:
+                out.append(str(exc))
+                continue
+            out += [p for m in g["models"] if m in MODELS for p in layout.problems(MODELS[m], f"{where}[{j}]")]
+            out += unimplemented(layout, f"{where}[{j}]")
+    return list(dict.fromkeys(out))
 
 
 def check(config: dict, devices: int | None = None) -> None:

@@ -61,7 +61,7 @@ def op_status(op: str, platform: str, build: bool) -> str | None:
 
 
 def strategy_table(strategies: list[str], platform: str, build: bool) -> list[dict]:
-    from workflow_scripts.build_ops import needed_ops
+    from workflow_scripts.training.build_ops import needed_ops
 
     rows, cache = [], {}
     for name in strategies:
@@ -92,7 +92,7 @@ def _merge(into: dict, new: dict) -> None:
 
 def report(cfg: dict, build: bool = False) -> dict:
     from workflow_scripts import study
-    from workflow_scripts.strategies import STRATEGIES
+    from workflow_scripts.training.strategies import STRATEGIES
 
     platform = cfg.get("platform") or detect_platform()
     nvme = (cfg.get("strategy_options", {}).get("zero_infinity") or {}).get("nvme_path") or cfg.get("work_dir", ".")

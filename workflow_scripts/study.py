@@ -1,26 +1,41 @@
-"""The runs of a study: the cross product models x strategies x world_sizes x repeats, or a list of `groups`,
-each a cross product with its own training overrides (e.g. gpt2-medium at batch 4 under DDP/ZeRO-1/ZeRO-2 and
-gpt2-large at batch 2 under ZeRO-3 in one study)."""
+"""The runs of a study: the cross product models x strategies x layouts x repeats, or a list of `groups`, each a
+cross product with its own training overrides (e.g. gpt2-medium at batch 4 under DDP/ZeRO-1/ZeRO-2 and gpt2-large
+at batch 2 under ZeRO-3 in one study).
+
+Layouts (training/layout.py): every entry of `world_sizes` is a pure data-parallel layout of that many ranks;
+`layouts` adds layouts with other dimensions (a mapping of degrees, e.g. {dp: 2, pp: 2}).
+"""
 from __future__ import annotations
+
+from workflow_scripts.training.layout import Layout
 
 
 def groups(config: dict) -> list[dict]:
     top = {"models": config["models"], "strategies": config["strategies"], "world_sizes": config["world_sizes"],
-           "train": {}}
+           "layouts": config.get("layouts") or [], "train": {}}
     return [{**top, **g} for g in config.get("groups") or [top]]
 
 
+def group_layouts(g: dict, where: str = "layouts") -> list[Layout]:
+    """The group's layouts, world sizes first, without duplicates. Raises ValueError naming the key."""
+    out = [Layout.data_parallel(w) for w in g.get("world_sizes") or []]
+    for i, entry in enumerate(g.get("layouts") or []):
+        out.append(Layout.from_config(entry, f"{where}[{i}]"))
+    return list(dict.fromkeys(out))
+
+
 def runs(config: dict) -> dict[tuple, dict]:
-    """(model, strategy, world_size) -> training overrides of its group. Raises on a run claimed twice."""
+    """(model, strategy, layout key) -> training overrides of its group. Raises on a run claimed twice."""
     out = {}
     for i, g in enumerate(groups(config)):
+        where = f"groups[{i}].layouts" if config.get("groups") else "layouts"
         for m in g["models"]:
             for s in g["strategies"]:
-                for w in g["world_sizes"]:
-                    key = (m, s, int(w))
+                for layout in group_layouts(g, where):
+                    key = (m, s, layout.key)
                     if key in out and out[key] != g.get("train", {}):
-                        raise ValueError(f"groups[{i}]: {m}/{s}/ws{w} is already in an earlier group with other "
-                                         "train settings")
+                        raise ValueError(f"groups[{i}]: {m}/{s}/{layout.key} is already in an earlier group with "
+                                         "other train settings")
                     out[key] = g.get("train", {})
     return out
 
@@ -32,17 +47,21 @@ def all_names(config: dict, field: str) -> list:
     return seen
 
 
-def run_spec(config: dict, model: str, strategy: str, world: int, repeat: int, overrides: dict, out_dir: str,
-             work_dir: str, ops: list) -> dict:
+def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repeat: int, overrides: dict,
+             out_dir: str, work_dir: str, ops: list) -> dict:
     """Everything one training run depends on (and nothing else: editing figures never reruns training).
-    `overrides`: the run's group train settings (and a benchmark variant's levers) over the top-level train."""
+    `layout`: the run's layout (an int: pure data parallel over that many ranks); `overrides`: the run's group
+    train settings (and a benchmark variant's levers) over the top-level train."""
     R, W = config["results_dir"], config["work_dir"]
+    if not isinstance(layout, Layout):
+        layout = Layout.data_parallel(layout)
     spec = {
-        "run_id": f"{model}__{strategy}__ws{world}__r{repeat}",
+        "run_id": f"{model}__{strategy}__{layout.key}__r{repeat}",
         "study": config["study"],
         "model": model,
         "strategy": strategy,
-        "world_size": int(world),
+        "world_size": layout.world_size,
+        "layout": layout.degrees(),
         "repeat": int(repeat),
         "nodes": config["nodes"],
         "platform": config["platform"],

@@ -1,5 +1,5 @@
 """FAKE amdsmi for tests, matching the installed amdsmi 7.0.2 (amdsmi_interface.py) in the names and return shapes
-workflow_scripts.vram uses:
+workflow_scripts.measure.vram uses:
 
 - ``amdsmi_init(flag=AmdSmiInitFlags.INIT_AMD_GPUS)``, ``amdsmi_shut_down()``
 - ``amdsmi_get_processor_handles()`` -> list of opaque handles

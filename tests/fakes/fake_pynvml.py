@@ -1,4 +1,4 @@
-"""FAKE pynvml (nvidia-ml-py) for tests: only the names workflow_scripts.vram calls, same return shapes and units
+"""FAKE pynvml (nvidia-ml-py) for tests: only the names workflow_scripts.measure.vram calls, same return shapes and units
 (bytes), serving devices from the module-level ``DEVICES`` list. Inject with
 ``monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)``. Written for these tests; not NVIDIA's code.
 """

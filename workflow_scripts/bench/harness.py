@@ -1,0 +1,176 @@
+"""Benchmark of the training harness itself (`snakemake --cores all bench_harness --configfile
+studies/bench_harness.yaml`; rules bench_levers and bench_compare are its two parts):
+
+1. the lever ladder: one strategy (`bench.lever_strategy`, DDP by default) under each named set of harness
+   settings in `bench.levers` (micro-batch, vocabulary padding, compiled blocks, compiled loss, ...), so each lever's
+   gain is measured on its own;
+2. ours vs Hugging Face `Trainer`: for every strategy in `bench.strategies`, our trainer with `bench.harness`
+   and the Trainer (workflow_scripts.bench.trainer) with the same model, data, strategy settings, precision and
+   effective batch, interleaved (ours then Trainer, Trainer then ours in the next round) in the same job.
+
+Our runs go through workflow_scripts.training.launch, i.e. the pipeline's own trainer, sampler and metrics. Precision: the
+Trainer's `bf16=True` means autocast for DDP, DeepSpeed's bf16 mode and FSDP2's bf16 MixedPrecisionPolicy, so
+under a bf16 study policy our runs take the matching policy per family: bf16-mixed for DDP, bf16-pure for
+DeepSpeed and FSDP (recorded per row).
+
+Writes into --out-dir: levers.csv / .md, harness_vs_trainer.csv / .md, and per run its summary files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from workflow_scripts import study
+from workflow_scripts.training.build_ops import needed_ops
+from workflow_scripts.training.precision import policy
+from workflow_scripts.training.launch import environment
+from workflow_scripts.training.strategies import get as get_strategy
+
+GIB = 2**30
+
+
+def matching_precision(strategy: str, precision: str) -> str:
+    """The policy of ours that equals what Trainer(bf16=True) does for this strategy's family."""
+    if not policy(precision).uses_bf16:
+        return precision
+    return "bf16-mixed" if get_strategy(strategy).family == "ddp" else "bf16-pure"
+
+
+def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, repeat: int) -> dict:
+    """The run spec of one benchmark run: results under out/run, scratch under work_dir/bench/run."""
+    b = config["bench"]
+    ops = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy, config["platform"])]
+    spec = study.run_spec(config, b["model"], strategy, b["world_size"], repeat, {**b["train"], **overrides},
+                          out_dir=str(out / run), work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=ops)
+    spec["study"] = f"{config['study']}/bench"
+    return spec
+
+
+def _write_spec(spec: dict) -> Path:
+    Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
+    path = Path(spec["out_dir"]) / "run_spec.json"
+    path.write_text(json.dumps(spec, indent=2))
+    return path
+
+
+def run_ours(spec: dict) -> dict:
+    path = _write_spec(spec)
+    proc = subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)])
+    summary = Path(spec["out_dir"]) / "summary.json"
+    if proc.returncode != 0 or not summary.exists():
+        return {"status": "failed", "reason": f"launch exit code {proc.returncode}"}
+    return json.loads(summary.read_text())
+
+
+def run_trainer(spec: dict) -> dict:
+    path = _write_spec(spec)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec['world_size']}",
+           "-m", "workflow_scripts.bench.trainer", "--spec", str(path)]
+    print("trainer:", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, env=environment(spec))
+    summary = Path(spec["out_dir"]) / "trainer_summary.json"
+    if proc.returncode != 0 or not summary.exists():
+        return {"status": "failed", "reason": f"trainer exit code {proc.returncode}"}
+    return json.loads(summary.read_text())
+
+
+def _gib(x):
+    return None if x is None else x / GIB
+
+
+def lever_row(name: str, overrides: dict, s: dict, repeat: int) -> dict:
+    return {"lever": name, "settings": json.dumps(overrides, sort_keys=True), "repeat": repeat,
+            "status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"), "mfu": s.get("mfu"),
+            "step_time_s": s.get("step_time_median_s"),
+            "peak_allocated_gib": _gib(s.get("peak_allocated_bytes")), "final_loss": s.get("final_loss"),
+            "micro_batch": s.get("micro_batch"), "vocab_size": s.get("vocab_size"), "precision": s.get("precision")}
+
+
+def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
+    b, rows = config["bench"], []
+    for r in range(b["rounds"]):
+        for lever in b["levers"]:
+            strategy = lever.get("strategy", b["lever_strategy"])
+            spec = spec_for(config, strategy, lever["train"], out, f"levers/{lever['name']}/r{r}", r)
+            print(f"lever {lever['name']} (round {r})", flush=True)
+            rows.append({**lever_row(lever["name"], lever["train"], run_ours(spec), r), "strategy": strategy})
+            save(pd.DataFrame(rows))
+    return pd.DataFrame(rows)
+
+
+def run_comparison(config: dict, out: Path, save=lambda df: None) -> pd.DataFrame:
+    b, rows = config["bench"], []
+    for r in range(b["rounds"]):
+        for strategy in b["strategies"]:
+            precision = matching_precision(strategy, config["train"]["precision"])
+            ours = spec_for(config, strategy, {**b["harness"], "precision": precision}, out,
+                            f"ours/{strategy}/r{r}", r)
+            theirs = spec_for(config, strategy, {"precision": precision}, out, f"trainer/{strategy}/r{r}", r)
+            order = [("ours", ours), ("trainer", theirs)]
+            if r % 2:
+                order.reverse()  # interleaved: neither side always runs first
+            results = {}
+            for side, spec in order:
+                print(f"{side}: {strategy} (round {r})", flush=True)
+                results[side] = run_ours(spec) if side == "ours" else run_trainer(spec)
+            o, t = results["ours"], results["trainer"]
+            rows.append({
+                "strategy": strategy, "repeat": r, "precision": precision,
+                "ours_status": o.get("status"), "trainer_status": t.get("status"),
+                "ours_tokens_per_s": o.get("tokens_per_s"), "trainer_tokens_per_s": t.get("tokens_per_s"),
+                "ours_mfu": o.get("mfu"), "trainer_mfu": t.get("mfu"),
+                "ours_peak_allocated_gib": _gib(o.get("peak_allocated_bytes")),
+                "trainer_peak_allocated_gib": _gib(t.get("peak_allocated_bytes")),
+                "ours_final_loss": o.get("final_loss"), "trainer_final_loss": t.get("final_loss"),
+                "effective_batch": o.get("effective_batch", t.get("effective_batch")),
+            })
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df.insert(df.columns.get_loc("trainer_tokens_per_s") + 1, "ratio", df["ours_tokens_per_s"] / df["trainer_tokens_per_s"])
+    return df
+
+
+def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Mean over rounds per strategy / lever (numeric columns), first value of the others."""
+    if df.empty:
+        return df
+    numeric = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c])]
+    agg = {c: ("mean" if c in numeric else "first") for c in df.columns if c not in (by, "repeat")}
+    out = df.groupby(by, sort=False).agg(agg).reset_index()
+    out.insert(1, "rounds", df.groupby(by, sort=False).size().values)
+    return out
+
+
+def write(df: pd.DataFrame, path: Path) -> None:
+    df.to_csv(path.with_suffix(".csv"), index=False)
+    path.with_suffix(".md").write_text(df.to_markdown(index=False, floatfmt=".4g") + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config-json", required=True, help="the study config (with its bench section) as JSON")
+    ap.add_argument("--part", choices=["levers", "compare"], required=True,
+                    help="levers: the lever ladder; compare: ours vs the Trainer")
+    ap.add_argument("--out-dir", required=True)
+    a = ap.parse_args(argv)
+    config = json.loads(a.config_json)
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name, by, part = {"levers": ("levers", "lever", run_levers),
+                      "compare": ("harness_vs_trainer", "strategy", run_comparison)}[a.part]
+
+    def save(df: pd.DataFrame) -> None:  # after every row: a job cut short keeps what it measured
+        df.to_csv(out / f"{name}_rounds.csv", index=False)
+        write(summarise(df, by), out / name)
+
+    save(part(config, out, save))
+    print((out / f"{name}.md").read_text(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The baseline our harness is measured against: Hugging Face `Trainer` training the same model on the same token
+blocks with the same strategy settings (one process per rank, started by torchrun):
+
+    torchrun --nproc-per-node N -m workflow_scripts.bench.trainer --spec run_spec.json
+
+The run spec is the one our trainer gets (workflow_scripts.study.run_spec). From it: the model (same registry
+entry, same embedding rows), micro-batch, accumulation and effective batch, learning-rate schedule (linear
+warm-up, cosine), AdamW hyper-parameters, gradient clipping, sequence length, steps. Strategy settings:
+  deepspeed family -> `TrainingArguments(deepspeed=<the exact DeepSpeed JSON our strategy builds>)`;
+  fsdp             -> `fsdp="full_shard auto_wrap"`, FSDP2, one unit per transformer block, reshard after forward;
+  ddp              -> torchrun's DDP, as the Trainer does by itself.
+Precision: `bf16=True` for the bf16 policies, which is autocast for DDP, DeepSpeed's bf16 mode and FSDP2's
+bf16 MixedPrecisionPolicy (what Trainer/accelerate choose); workflow_scripts.bench.harness gives our runs the
+matching policy per family. The Trainer runs as its users run it (no torch.compile, its own loss).
+
+Throughput: wall time between the end of optimizer step `timing_warmup_steps` and the end of the last step, with a
+device synchronisation at both ends only. Rank 0 writes `trainer_summary.json` into the spec's out_dir.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers import Trainer, TrainerCallback, TrainingArguments, __version__ as TRANSFORMERS_VERSION
+
+from workflow_scripts.measure import metrics as M
+from workflow_scripts.training.batches import load_data, make_model
+from workflow_scripts.training.context import from_spec, process_env
+from workflow_scripts.training.models import MODELS, count_params, flops_per_token, transformer_blocks
+from workflow_scripts.training.strategies import get as get_strategy
+
+
+class TokenBlocks(torch.utils.data.Dataset):
+    """The packed training blocks as causal-LM examples (the model shifts the labels itself)."""
+
+    def __init__(self, blocks: np.ndarray):
+        self.blocks = blocks
+
+    def __len__(self):
+        return len(self.blocks)
+
+    def __getitem__(self, i):
+        ids = torch.from_numpy(self.blocks[i].astype(np.int64))
+        return {"input_ids": ids, "labels": ids}
+
+
+def strategy_arguments(spec: dict, ctx, model) -> tuple[dict, dict]:
+    """TrainingArguments keys for the strategy, and what to record about them."""
+    strategy = get_strategy(spec["strategy"])
+    settings = strategy.settings(ctx)
+    if strategy.family == "deepspeed":
+        cfg = settings["deepspeed_config"]
+        return {"deepspeed": cfg}, {"deepspeed_config": cfg}
+    if strategy.family == "fsdp":
+        block = type(transformer_blocks(model)[0]).__name__
+        fsdp_config = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": [block],
+                       "reshard_after_forward": bool(ctx.options.get("reshard_after_forward", True))}
+        return ({"fsdp": "full_shard auto_wrap", "fsdp_config": fsdp_config},
+                {"fsdp": "full_shard auto_wrap", "fsdp_config": fsdp_config})
+    return {}, {"ddp": "Trainer's own DistributedDataParallel"}
+
+
+class StepTimer(TrainerCallback):
+    """Synchronised wall clock at the end of optimizer step `warmup` and of the last step."""
+
+    def __init__(self, warmup: int, cuda: bool):
+        self.warmup, self.cuda = warmup, cuda
+        self.start = self.end = self.start_step = self.end_step = None
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.warmup:
+            self.start, self.start_step = self._now(), state.global_step
+        if state.global_step == state.max_steps:
+            self.end, self.end_step = self._now(), state.global_step
+
+
+def training_arguments(spec: dict, ctx, total_steps: int, extra: dict) -> TrainingArguments:
+    """The Trainer's settings from the same spec our trainer reads (see the module docstring)."""
+    t, cuda = spec["train"], ctx.device.type == "cuda"
+    return TrainingArguments(
+        output_dir=str(Path(spec["work_dir"]) / "trainer"), per_device_train_batch_size=ctx.micro_batch,
+        gradient_accumulation_steps=ctx.accum, max_steps=total_steps, learning_rate=t["lr"],
+        weight_decay=t["weight_decay"], adam_beta1=t["betas"][0], adam_beta2=t["betas"][1], adam_epsilon=t["eps"],
+        max_grad_norm=t["grad_clip"], lr_scheduler_type="cosine", warmup_steps=t["lr_warmup_steps"],
+        optim="adamw_torch_fused" if cuda else "adamw_torch", bf16=ctx.precision.uses_bf16,
+        gradient_checkpointing=bool(t["gradient_checkpointing"]), logging_steps=t["log_every"],
+        save_strategy="no", report_to=[], disable_tqdm=True, seed=t["seed"], data_seed=t["seed"],
+        dataloader_pin_memory=cuda, use_cpu=not cuda, ddp_backend=None if cuda else "gloo",
+        **extra)
+
+
+def run(spec: dict) -> dict | None:
+    t = spec["train"]
+    rank, local_rank, world, local_world, device = process_env(spec["platform"])
+    cuda = device.type == "cuda"
+    if not cuda:
+        torch.set_num_threads(max(1, int(t.get("threads_per_rank", 1))))
+    ctx = from_spec(spec, rank, local_rank, local_world, device)
+    data, blocks, _, vocab = load_data(spec)
+    seq_len = data["block_size"]
+    torch.manual_seed(t["seed"])
+    model = make_model(spec, vocab, seq_len)
+    n_params = count_params(model)
+    steps_per_epoch = len(blocks) // ctx.effective_batch
+    total_steps = min(t["epochs"] * steps_per_epoch, t.get("max_steps") or 10**12)
+    warmup = t["timing_warmup_steps"]
+    if total_steps <= warmup:
+        raise ValueError(f"bench.trainer: {total_steps} steps leave none after {warmup} timing warm-up steps")
+    extra, recorded = strategy_arguments(spec, ctx, model)
+    out_dir = Path(spec["out_dir"])
+    args = training_arguments(spec, ctx, total_steps, extra)
+    timer = StepTimer(warmup, cuda)
+    trainer = Trainer(model=model, args=args, train_dataset=TokenBlocks(blocks), callbacks=[timer])
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer.train()
+    peak = torch.tensor([torch.cuda.max_memory_allocated(device) if cuda else 0,
+                         torch.cuda.max_memory_reserved(device) if cuda else 0], dtype=torch.float64,
+                        device=device)
+    if dist.is_initialized():
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    if rank != 0:
+        return None
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    seconds = timer.end - timer.start
+    tokens = (timer.end_step - timer.start_step) * ctx.effective_batch * seq_len
+    tokens_per_s = tokens / seconds
+    device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    fpt = flops_per_token(n_params, MODELS[spec["model"]].n_layer, MODELS[spec["model"]].d_model, seq_len)
+    summary = {
+        "status": "ok", "runner": "hf_trainer", "run_id": spec["run_id"], "model": spec["model"],
+        "strategy": spec["strategy"], "world_size": world, "precision": spec["precision"],
+        "trainer_bf16": args.bf16, "device_name": device_name, "n_params": n_params, "seq_len": seq_len,
+        "micro_batch": ctx.micro_batch, "grad_accum": ctx.accum, "effective_batch": ctx.effective_batch,
+        "steps": total_steps, "timed_steps": timer.end_step - timer.start_step, "timed_s": seconds,
+        "step_time_s": seconds / (timer.end_step - timer.start_step), "tokens_per_s": tokens_per_s,
+        "flops_per_token": fpt, "mfu": M.mfu(fpt, tokens_per_s, world, device_name),
+        "peak_allocated_bytes": peak[0].item() if cuda else None,
+        "peak_reserved_bytes": peak[1].item() if cuda else None,
+        "final_loss": losses[-1] if losses else None, "losses": losses,
+        "settings": recorded, "transformers_version": TRANSFORMERS_VERSION,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "trainer_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", required=True, help="the run spec (same format as workflow_scripts.training.loop's)")
+    run(json.loads(Path(ap.parse_args(argv).spec).read_text()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Names shared by the stages: the columns of the files one stage writes and the next reads, the per-run file
+names, the figure list. Files between stages are the contract; this module is where their names are written once.
+"""
+from __future__ import annotations
+
+# ---------------------------------------------------------------- one run's directory (training -> parse)
+SUMMARY = "summary.json"  # the run's row: trainer summary + sampler peaks + status
+TRAIN_SUMMARY = "train_summary.json"  # rank 0's summary, before the launcher merges the sampler's
+METRICS = "metrics.csv"  # one row per optimizer step (METRIC_COLUMNS)
+VRAM = "vram.csv"  # the sampler's timeline (SAMPLER_COLUMNS)
+SETTINGS = "strategy_settings.json"  # the exact DeepSpeed JSON / DDP / FSDP settings
+PROVENANCE = "provenance.json"
+RUN_SPEC = "run_spec.json"
+OOM_MARKER = "oom_rank{rank}.json"
+
+# one row per optimizer step, written by the training loop
+METRIC_COLUMNS = ["step", "epoch", "loss", "lr", "step_time_s", "forward_s", "backward_s", "optimizer_s",
+                  "tokens", "samples", "warmup", "wall_s"]
+# one row per VRAM sample, written by the sampler (measure/vram)
+SAMPLER_COLUMNS = ["time_unix", "t_s", "backend", "device", "used_bytes", "total_bytes", "process_bytes", "step"]
+
+# ---------------------------------------------------------------- study tables (parse -> tables, figures)
+# what identifies a run in every table; `layout` is the run's parallel layout key (ws2, dp2-pp2-tp2, ...)
+ID_COLUMNS = ["run_id", "model", "strategy", "layout", "world_size", "repeat"]
+# what identifies a group of repeats (one row of the summary table)
+GROUP_KEYS = ["model", "strategy", "layout"]
+STEP_COLUMNS = ID_COLUMNS + METRIC_COLUMNS
+VRAM_COLUMNS = ID_COLUMNS + SAMPLER_COLUMNS
+
+# ---------------------------------------------------------------- figures (rules/figures.smk and report/figures.py)
+FIGURES = ["loss_curves", "peak_memory", "throughput", "time_per_epoch", "mfu", "memory_timeline",
+           "memory_vs_throughput", "scaling"]

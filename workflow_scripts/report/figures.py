@@ -1,0 +1,561 @@
+"""The study's figures, from the parse stage's tables:
+
+    python -m workflow_scripts.report.figures --runs runs.csv --steps steps.csv --vram vram.csv \\
+        --style '{"context": "paper", "dpi": 150}' --out-dir results/<study>/figures
+
+Each figure is written as <name>.png and <name>.pdf. Panels are one per (model, world size) unless said otherwise.
+- loss_curves           training loss vs optimizer step, one line per strategy: mean over repeats with a 95%
+                        Student-t band where repeats > 1.
+- peak_memory           per strategy, grouped bars of the three memories: torch max_memory_allocated, torch
+                        max_memory_reserved and the device-wide peak from the NVML/amdsmi sampler (on CPU: peak host
+                        RSS summed over ranks and the sampler's host peak); a black tick marks the predicted
+                        model-state memory (ZeRO paper formula, activations excluded).
+- throughput            tokens/s per strategy, bars with 95% CI error bars.
+- time_per_epoch        seconds per epoch per strategy, bars with 95% CI error bars.
+- mfu                   model FLOPs utilisation (%) per strategy; on CPU an empty axes saying MFU is not defined.
+- memory_timeline       the sampler's used memory vs time since the sampler started, one panel per
+                        (model, world size, strategy), one line per device, first repeat only; dotted vertical lines
+                        every N optimizer steps (from the samples' `step` column).
+- memory_vs_throughput  which strategy to pick: peak memory (x) against tokens/s (y), one labelled point per strategy.
+- scaling               tokens/s vs world size per strategy (one panel per model), with the ideal linear line from
+                        each strategy's smallest world size.
+
+Runs that ended `oom`, `unsupported` or `failed` are drawn as marked entries (a hatched empty bar with OOM / n/a /
+failed, a cross on the scaling axis, a note on line plots), never silently dropped. Strategies whose runs have
+`in_figures` false (zero0, identical to ddp) are left out unless the style says `include_hidden: true`.
+
+Style keys (JSON, all optional): context ("paper"), palette ("colorblind"), dpi (150), width and height (inches
+of one panel; 4.5 x 3.2), font_scale (1.0), include_hidden (false), step_marker_every (auto: about 8 markers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+from matplotlib.transforms import blended_transform_factory  # noqa: E402
+
+from workflow_scripts.report.stats import t_quantile  # noqa: E402
+from workflow_scripts.columns import FIGURES, STEP_COLUMNS, VRAM_COLUMNS  # noqa: E402
+from workflow_scripts.report.tables import (layout_word, memory_unit, model_order, order_strategies,  # noqa: E402
+                                            read_runs, read_table, strategy_rank, summarise, with_layout)
+DEFAULT_STYLE = {"context": "paper", "palette": "colorblind", "dpi": 150, "width": 4.5, "height": 3.2,
+                 "font_scale": 1.0, "include_hidden": False, "step_marker_every": None}
+STATUS_MARK = {"oom": "OOM", "unsupported": "n/a", "failed": "failed"}
+BACKEND_LABEL = {"nvml": "device-wide used (NVML)", "amdsmi": "device-wide used (amdsmi)",
+                 "torch": "torch reserved", "host": "host RSS, training processes"}
+BACKEND_PRIORITY = ["nvml", "amdsmi", "torch", "host"]
+
+
+# ---------------------------------------------------------------- style and data
+def parse_style(text: str | dict | None) -> dict:
+    """Defaults overlaid with the given JSON; unknown keys are an error (a typo would otherwise be ignored)."""
+    given = json.loads(text) if isinstance(text, str) and text.strip() else dict(text or {})
+    unknown = set(given) - set(DEFAULT_STYLE)
+    if unknown:
+        raise ValueError(f"unknown style keys {sorted(unknown)}; known: {sorted(DEFAULT_STYLE)}")
+    return {**DEFAULT_STYLE, **given}
+
+
+@dataclass
+class Data:
+    runs: pd.DataFrame  # visible runs (hidden strategies removed unless include_hidden)
+    summary: pd.DataFrame  # one row per visible (model, strategy, layout)
+    steps: pd.DataFrame
+    vram: pd.DataFrame
+    style: dict
+    colors: dict  # strategy -> colour
+    dashes: dict  # strategy -> line style (palettes shorter than the strategy list repeat with dashes)
+
+
+def strategy_colours(names: list[str], palette: str) -> tuple[dict, dict]:
+    """One colour per strategy with data; past the palette's length, darker shades and dashed lines."""
+    base = sns.color_palette(palette)
+    colours = {n: base[i] if i < len(base) else tuple(0.55 * c for c in base[i % len(base)])
+               for i, n in enumerate(names)}
+    dashes = {n: "-" if i < len(base) else "--" for i, n in enumerate(names)}
+    return colours, dashes
+
+
+def prepare(runs: pd.DataFrame, steps: pd.DataFrame, vram: pd.DataFrame, style: dict) -> Data:
+    """Drop hidden strategies (unless include_hidden) from all three tables and fix the strategy colours."""
+    hidden = set() if style["include_hidden"] else set(runs.loc[~runs["in_figures"].astype(bool), "strategy"])
+    runs = runs[~runs["strategy"].isin(hidden)].reset_index(drop=True)
+    steps = with_layout(steps[~steps["strategy"].astype(object).isin(hidden)].dropna(subset=["world_size"]))
+    vram = with_layout(vram[~vram["strategy"].astype(object).isin(hidden)].dropna(subset=["world_size"]))
+    with_data = order_strategies(list(runs.loc[runs["status"] == "ok", "strategy"])
+                                 + list(steps["strategy"].dropna().astype(str)))
+    colours, dashes = strategy_colours(with_data, style["palette"])
+    for name in set(runs["strategy"]) | set(vram["strategy"].dropna().astype(str)):
+        colours.setdefault(name, (0.45, 0.45, 0.45))  # no successful run: only drawn as a marked entry
+        dashes.setdefault(name, "-")
+    return Data(runs, summarise(runs), steps, vram, style, colours, dashes)
+
+
+def load(runs_csv, steps_csv, vram_csv, style: dict) -> Data:
+    steps = read_table(steps_csv, STEP_COLUMNS, {"run_id", "model", "strategy", "layout", "warmup"})
+    vram = read_table(vram_csv, VRAM_COLUMNS, {"run_id", "model", "strategy", "layout", "backend"})
+    return prepare(read_runs(runs_csv), steps, vram, style)
+
+
+def apply_style(style: dict) -> None:
+    sns.set_theme(context=style["context"], style="whitegrid", palette=style["palette"],
+                  font_scale=style["font_scale"])
+
+
+# ---------------------------------------------------------------- layout helpers
+def grid(n: int, style: dict, ncols: int = 3, legend_width: float = 0.0) -> tuple[plt.Figure, list[plt.Axes]]:
+    """n panels (at least one) of style width x height each (plus room for a legend), constrained layout."""
+    n = max(n, 1)
+    ncols = min(n, ncols)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(style["width"] * ncols + legend_width, style["height"] * nrows),
+                             squeeze=False, layout="constrained")
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def panel_keys(summary: pd.DataFrame) -> list[tuple[str, str]]:
+    """(model, layout) pairs in model-size, world-size, layout order."""
+    models = {m: i for i, m in enumerate(model_order(summary))} if len(summary) else {}
+    triples = summary[["model", "world_size", "layout"]].drop_duplicates().itertuples(index=False, name=None)
+    return [(m, k) for m, _, k in sorted(triples, key=lambda p: (models.get(p[0], 0), p[1], p[2]))]
+
+
+def panel_title(summary: pd.DataFrame, model: str, layout: str) -> str:
+    rows = summary[(summary["model"] == model) & (summary["layout"] == layout)]
+    if not len(rows):
+        return f"{model}, {layout}"
+    return f"{model}, {layout_word(layout, int(rows['world_size'].iloc[0]), rows['platform'].iloc[0])}"
+
+
+def panel_rows(summary: pd.DataFrame, model: str, layout: str) -> pd.DataFrame:
+    return summary[(summary["model"] == model) & (summary["layout"] == layout)].reset_index(drop=True)
+
+
+def empty_note(ax: plt.Axes, text: str) -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.35")
+
+
+def mark_missing(ax: plt.Axes, x: float, word: str, width: float = 0.8) -> None:
+    """A hatched empty bar over the lower third of the axes at x, with the status word in it."""
+    trans = blended_transform_factory(ax.transData, ax.transAxes)
+    ax.add_patch(Rectangle((x - width / 2, 0), width, 0.33, transform=trans, fill=False, hatch="///",
+                           edgecolor="0.45", linewidth=0.8))
+    ax.text(x, 0.17, word, transform=trans, ha="center", va="center", rotation=90, fontsize="small",
+            fontweight="bold", color="0.2", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+
+
+def missing_note(rows: pd.DataFrame) -> str:
+    """'not shown: zero3 (OOM), zero_infinity (n/a)' for the rows without a successful run."""
+    bad = rows[rows["status"] != "ok"]
+    return ("not shown: " + ", ".join(f"{r.strategy} ({STATUS_MARK.get(r.status, r.status)})"
+                                      for r in bad.itertuples())) if len(bad) else ""
+
+
+def titled(ax: plt.Axes, title: str, note: str = "") -> None:
+    """Panel title, with a smaller second line for what the panel cannot show (kept clear of the data)."""
+    note = textwrap.fill(note, width=70)
+    ax.set_title(f"{title}\n{note}" if note else title, fontsize="medium" if not note else "small")
+
+
+def corner_note(ax: plt.Axes, text: str) -> None:
+    if text:
+        ax.text(0.99, 0.98, text, transform=ax.transAxes, ha="right", va="top", fontsize="x-small",
+                color="0.25", bbox={"facecolor": "white", "edgecolor": "0.7", "alpha": 0.85, "pad": 2})
+
+
+def strategy_ticks(ax: plt.Axes, names: list[str]) -> None:
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=40, ha="right")
+    ax.set_xlim(-0.6, len(names) - 0.4)
+
+
+def memory_axis_label(sources, unit: str) -> str:
+    names = {"sampler": "device-wide peak (sampler)", "reserved": "torch max reserved",
+             "allocated": "torch max allocated", "host_rss": "peak host RSS"}
+    which = ", ".join(names[s] for s in dict.fromkeys(sources) if s in names) or "peak memory"
+    return f"peak memory ({unit}): {which}"
+
+
+def save(fig: plt.Figure, out_dir: Path, name: str, dpi: int) -> None:
+    """PNG at the style's dpi and PDF, cropped to what is drawn (outside legends and notes included)."""
+    fig.savefig(out_dir / f"{name}.png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(out_dir / f"{name}.pdf", bbox_inches="tight")
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- bars: throughput, time per epoch, MFU
+def bar_panel(ax: plt.Axes, rows: pd.DataFrame, metric: str, scale: float, colours: dict) -> None:
+    """One bar per strategy (mean, 95% CI error bar); OOM/unsupported/failed as hatched empty bars."""
+    for x, row in enumerate(rows.itertuples()):
+        value, half = getattr(row, metric) * scale, getattr(row, f"{metric}_ci95") * scale
+        if row.status != "ok":
+            mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
+        elif pd.isna(value):
+            mark_missing(ax, x, "n/a")
+        else:
+            ax.bar(x, value, 0.8, color=colours.get(row.strategy), yerr=None if pd.isna(half) else half,
+                   capsize=3, error_kw={"elinewidth": 1})
+    strategy_ticks(ax, list(rows["strategy"]))
+    ax.set_ylim(bottom=0)
+
+
+def bar_figure(data: Data, metric: str, ylabel: str, scale: float = 1.0) -> plt.Figure:
+    keys = panel_keys(data.summary)
+    fig, axes = grid(len(keys), data.style)
+    for ax, (model, layout) in zip(axes, keys):
+        bar_panel(ax, panel_rows(data.summary, model, layout), metric, scale, data.colors)
+        ax.set_title(panel_title(data.summary, model, layout))
+        ax.set_ylabel(ylabel)
+    if not keys:
+        empty_note(axes[0], "no runs")
+    return fig
+
+
+def throughput_figure(data: Data) -> plt.Figure:
+    return bar_figure(data, "tokens_per_s", "tokens/s (mean ± 95% CI)")
+
+
+def time_per_epoch_figure(data: Data) -> plt.Figure:
+    return bar_figure(data, "time_per_epoch_s", "time per epoch (s, mean ± 95% CI)")
+
+
+def mfu_figure(data: Data) -> plt.Figure:
+    """MFU bars; a CPU-only study (no MFU anywhere) gets one empty axes saying MFU is not defined on CPU."""
+    on_cpu = data.runs["platform"].str.lower() == "cpu"
+    if len(data.runs) and on_cpu.all() and data.runs["mfu"].isna().all():
+        fig, axes = grid(1, data.style)
+        empty_note(axes[0], "MFU not defined on CPU")
+        axes[0].set_title("MFU")
+        return fig
+    fig = bar_figure(data, "mfu", "MFU (%, mean ± 95% CI)", scale=100.0)
+    for ax, (model, layout) in zip(fig.axes, panel_keys(data.summary)):
+        rows = panel_rows(data.summary, model, layout)
+        if len(rows) and (rows["platform"].str.lower() == "cpu").all():
+            corner_note(ax, "MFU not defined on CPU")
+    return fig
+
+
+# ---------------------------------------------------------------- peak memory
+GPU_MEMORIES = [("peak_allocated_bytes", "torch max_memory_allocated"),
+                ("peak_reserved_bytes", "torch max_memory_reserved"),
+                ("sampler_peak_device_bytes", "device-wide peak (NVML/amdsmi sampler)")]
+CPU_MEMORIES = [("peak_host_rss_bytes", "peak host RSS (sum over ranks)"),
+                ("sampler_peak_host_bytes", "sampler host peak (training process tree RSS)")]
+PREDICTED_LABEL = "predicted model states (ZeRO formula)"
+
+
+def memory_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict) -> None:
+    """Grouped bars of the memories per strategy and a black tick at the predicted model-state memory."""
+    on_cpu = len(rows) > 0 and (rows["platform"].str.lower() == "cpu").all()
+    series = CPU_MEMORIES if on_cpu else GPU_MEMORIES
+    values = [rows[c] for c, _ in series] + [rows["predicted_model_state_bytes"]]
+    unit, div = memory_unit(float(np.nanmax(pd.concat(values).to_numpy(float), initial=0.0)) or math.nan)
+    width = 0.8 / len(series)
+    for x, row in enumerate(rows.itertuples()):
+        if row.status != "ok":
+            mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
+            continue
+        for i, (col, label) in enumerate(series):
+            value, half = getattr(row, col) / div, getattr(row, f"{col}_ci95") / div
+            if pd.notna(value):
+                bar = ax.bar(x - 0.4 + (i + 0.5) * width, value, width, color=colours[i],
+                             yerr=None if pd.isna(half) else half, capsize=2)
+                handles.setdefault(label, bar.patches[0])
+        if pd.notna(row.predicted_model_state_bytes):
+            y = row.predicted_model_state_bytes / div
+            handles.setdefault(PREDICTED_LABEL, ax.hlines(y, x - 0.45, x + 0.45, colors="black", linewidth=2.2))
+    strategy_ticks(ax, list(rows["strategy"]))
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel(f"peak host memory ({unit})" if on_cpu else f"peak memory per GPU ({unit})")
+
+
+def peak_memory_figure(data: Data) -> plt.Figure:
+    keys = panel_keys(data.summary)
+    fig, axes = grid(len(keys), data.style)
+    colours = sns.color_palette(data.style["palette"])
+    handles: dict = {}
+    for ax, (model, layout) in zip(axes, keys):
+        memory_panel(ax, panel_rows(data.summary, model, layout), colours, handles)
+        ax.set_title(panel_title(data.summary, model, layout))
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
+                   ncols=1 if len(keys) == 1 else 2, fontsize="small")
+    if not keys:
+        empty_note(axes[0], "no runs")
+    return fig
+
+
+# ---------------------------------------------------------------- loss curves
+def mean_band(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Per x: mean of y over repeats and the 95% Student-t half-width (NaN where one repeat)."""
+    g = frame.groupby(x)[y].agg(["mean", "std", "count"]).reset_index()
+    t = g["count"].map(lambda n: t_quantile(0.975, n - 1) if n > 1 else math.nan)
+    g["half"] = t * g["std"] / np.sqrt(g["count"])
+    return g
+
+
+def loss_panel(ax: plt.Axes, steps: pd.DataFrame, data: Data, handles: dict) -> None:
+    for strategy in order_strategies(steps["strategy"].dropna().astype(str)):
+        band = mean_band(steps[steps["strategy"] == strategy].dropna(subset=["loss"]), "step", "loss")
+        if band.empty:
+            continue
+        colour = data.colors.get(strategy)
+        (line,) = ax.plot(band["step"], band["mean"], color=colour, linestyle=data.dashes.get(strategy, "-"),
+                          linewidth=1.2)
+        ax.fill_between(band["step"], band["mean"] - band["half"], band["mean"] + band["half"], color=colour,
+                        alpha=0.2, linewidth=0)
+        handles.setdefault(strategy, line)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss (mean, 95% CI band)")
+
+
+def loss_curves_figure(data: Data) -> plt.Figure:
+    in_steps = data.steps.dropna(subset=["model"])
+    keys = set(panel_keys(data.summary)) | set(zip(in_steps["model"].astype(str), in_steps["layout"]))
+    keys = sorted(keys, key=lambda k: panel_rank(data, k))
+    fig, axes = grid(len(keys), data.style, legend_width=1.5)
+    handles: dict = {}
+    for ax, (model, layout) in zip(axes, keys):
+        steps = data.steps[(data.steps["model"] == model) & (data.steps["layout"] == layout)]
+        loss_panel(ax, steps, data, handles)
+        titled(ax, panel_title(data.summary, model, layout), missing_note(panel_rows(data.summary, model, layout)))
+        if steps.empty:
+            ax.text(0.5, 0.5, "no step data", transform=ax.transAxes, ha="center", color="0.35")
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside right center", fontsize="small")
+    if not keys:
+        empty_note(axes[0], "no runs")
+    return fig
+
+
+# ---------------------------------------------------------------- memory timeline
+def nice_every(max_step: float, markers: int = 8) -> int:
+    """1, 2, 5 x 10^k steps between markers, about `markers` of them."""
+    raw = max(max_step / markers, 1.0)
+    base = 10 ** math.floor(math.log10(raw))
+    return int(next(m * base for m in (1, 2, 5, 10) if m * base >= raw))
+
+
+def step_markers(ax: plt.Axes, samples: pd.DataFrame, every: int) -> None:
+    """A dotted vertical line where the sampled step first reaches each multiple of `every`."""
+    steps = samples.dropna(subset=["step"]).sort_values("t_s")
+    reached = (steps["step"] // every).cummax()
+    firsts = steps.loc[reached.ne(reached.shift()) & (reached > 0), "t_s"]
+    for t in firsts:
+        ax.axvline(t, color="0.5", linestyle=":", linewidth=0.7)
+
+
+def pick_samples(samples: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The first repeat's samples of the most direct backend (NVML/amdsmi, then torch, then host)."""
+    if samples.empty:
+        return samples, ""
+    samples = samples[samples["repeat"] == samples["repeat"].min()]
+    backends = list(samples["backend"].dropna().astype(str))
+    backend = next((b for b in BACKEND_PRIORITY if b in backends), backends[0] if backends else "")
+    return samples[samples["backend"].astype(str) == backend], backend
+
+
+def timeline_panel(ax: plt.Axes, samples: pd.DataFrame, div: float, unit: str, every: int | None) -> None:
+    samples, backend = pick_samples(samples)
+    devices = sorted(samples["device"].dropna().unique())
+    palette = sns.color_palette("dark", max(len(devices), 1))
+    for i, device in enumerate(devices):
+        s = samples[samples["device"] == device].sort_values("t_s")
+        label = "host" if device < 0 else f"device {int(device)}"
+        ax.plot(s["t_s"], s["used_bytes"] / div, color=palette[i], linewidth=1.0, label=label)
+    if len(devices) > 1:
+        ax.legend(fontsize="x-small", loc="lower right")
+    marker_every = every or nice_every(float(samples["step"].max()) if samples["step"].notna().any() else 1)
+    step_markers(ax, samples, marker_every)
+    has_steps = samples["step"].notna().any()
+    ax.set_xlabel("time since sampler start (s)" + (f"; dotted: every {marker_every} steps" if has_steps else ""),
+                  fontsize="small")
+    ax.set_ylabel(f"{BACKEND_LABEL.get(backend, backend or 'used memory')} ({unit})", fontsize="small")
+    ax.set_ylim(bottom=0)
+
+
+def timeline_keys(data: Data) -> list[tuple[str, int, str]]:
+    """(model, layout, strategy) for every visible run group and every group with samples."""
+    keys = {(r.model, r.layout, r.strategy) for r in data.summary.itertuples()}
+    v = data.vram.dropna(subset=["model", "strategy"])
+    keys |= {(str(m), k, str(s)) for m, k, s in v[["model", "layout", "strategy"]].itertuples(
+        index=False, name=None)}
+    return sorted(keys, key=lambda k: (panel_rank(data, k[:2]), strategy_rank(k[2])))
+
+
+def panel_rank(data: Data, key: tuple[str, str]) -> tuple:
+    """Position of a (model, layout) panel: the summary's panels first, others (steps/samples only) after."""
+    panels = panel_keys(data.summary)
+    return (panels.index(key), "", 0) if key in panels else (len(panels), key[0], key[1])
+
+
+def memory_timeline_figure(data: Data) -> plt.Figure:
+    keys = timeline_keys(data)
+    fig, axes = grid(len(keys), data.style, ncols=4)
+    unit, div = memory_unit(float(data.vram["used_bytes"].max()) if data.vram["used_bytes"].notna().any()
+                            else math.nan)
+    for ax, (model, layout, strategy) in zip(axes, keys):
+        v = data.vram
+        samples = v[(v["model"] == model) & (v["layout"] == layout) & (v["strategy"] == strategy)]
+        row = data.summary[(data.summary["model"] == model) & (data.summary["layout"] == layout)
+                           & (data.summary["strategy"] == strategy)]
+        status = row["status"].iloc[0] if len(row) else "ok"
+        ax.set_title(f"{strategy}{'' if status == 'ok' else ' — ' + STATUS_MARK.get(status, status)}\n"
+                     f"{panel_title(data.summary, model, layout)}", fontsize="small")
+        if samples["used_bytes"].notna().any():
+            timeline_panel(ax, samples, div, unit, data.style["step_marker_every"])
+        else:
+            empty_note(ax, STATUS_MARK.get(status, "no memory samples"))
+    if not keys:
+        empty_note(axes[0], "no memory samples")
+    return fig
+
+
+# ---------------------------------------------------------------- memory vs throughput
+def tradeoff_note(rows: pd.DataFrame) -> str:
+    """What the scatter cannot place: failed runs and successful ones without both numbers."""
+    ok = rows["status"] == "ok"
+    no_value = rows[ok & (rows["peak_memory_bytes"].isna() | rows["tokens_per_s"].isna())]
+    return "; ".join(filter(None, [missing_note(rows),
+                                   "no value: " + ", ".join(no_value["strategy"]) if len(no_value) else ""]))
+
+
+def tradeoff_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict) -> None:
+    ok = rows[(rows["status"] == "ok") & rows["peak_memory_bytes"].notna() & rows["tokens_per_s"].notna()]
+    unit, div = memory_unit(float(ok["peak_memory_bytes"].max()) if len(ok) else math.nan)
+    for i, row in enumerate(ok.sort_values("tokens_per_s").itertuples()):
+        x, y = row.peak_memory_bytes / div, row.tokens_per_s
+        xerr, yerr = row.peak_memory_bytes_ci95 / div, row.tokens_per_s_ci95
+        ax.errorbar(x, y, xerr=None if pd.isna(xerr) else xerr, yerr=None if pd.isna(yerr) else yerr,
+                    fmt="o", color=colours.get(row.strategy), markersize=6, capsize=2)
+        # labels alternate above/below in throughput order, so neighbours rarely collide
+        ax.annotate(row.strategy, (x, y), xytext=(5, 3 if i % 2 == 0 else -10), textcoords="offset points",
+                    fontsize="small")
+    sources = [s for v in ok["peak_memory_source"] for s in str(v).split(";") if s]
+    ax.set_xlabel(memory_axis_label(sources, unit), fontsize="small")
+    ax.set_ylabel("tokens/s")
+    ax.margins(0.15)
+    if ok.empty:
+        empty_note(ax, "no successful runs")
+
+
+def memory_vs_throughput_figure(data: Data) -> plt.Figure:
+    keys = panel_keys(data.summary)
+    fig, axes = grid(len(keys), data.style)
+    for ax, (model, layout) in zip(axes, keys):
+        rows = panel_rows(data.summary, model, layout)
+        tradeoff_panel(ax, rows, data.colors)
+        titled(ax, panel_title(data.summary, model, layout), tradeoff_note(rows))
+    if not keys:
+        empty_note(axes[0], "no runs")
+    fig.suptitle("Which strategy to pick: less memory (left), more tokens/s (up)")
+    return fig
+
+
+# ---------------------------------------------------------------- scaling
+def failed_marker(ax: plt.Axes, trans, world_size: int, text: str, colour, stacked: dict) -> None:
+    """A cross near the bottom of the axes at this world size, labelled; several stack upwards."""
+    y = 0.04 + 0.07 * stacked.get(world_size, 0)
+    stacked[world_size] = stacked.get(world_size, 0) + 1
+    ax.plot(world_size, y, marker="x", color=colour, transform=trans, markersize=6, clip_on=False)
+    ax.annotate(text, (world_size, y), xycoords=trans, xytext=(5, 0), textcoords="offset points",
+                fontsize="x-small", va="center", color=colour)
+
+
+def scaling_panel(ax: plt.Axes, rows: pd.DataFrame, data: Data) -> None:
+    sizes = sorted(rows["world_size"].unique())
+    trans = blended_transform_factory(ax.transData, ax.transAxes)
+    stacked: dict = {}
+    for strategy in order_strategies(rows["strategy"]):
+        s = rows[rows["strategy"] == strategy].sort_values("world_size")
+        ok = s[(s["status"] == "ok") & s["tokens_per_s"].notna()]
+        colour = data.colors.get(strategy)
+        if len(ok):
+            ax.errorbar(ok["world_size"], ok["tokens_per_s"], yerr=ok["tokens_per_s_ci95"].fillna(0), marker="o",
+                        color=colour, linestyle=data.dashes.get(strategy, "-"), capsize=2, label=strategy)
+            w0, y0 = ok["world_size"].iloc[0], ok["tokens_per_s"].iloc[0]
+            ideal = [w for w in sizes if w >= w0]
+            ax.plot(ideal, [y0 * w / w0 for w in ideal], color=colour, linestyle=(0, (2, 2)), linewidth=0.8)
+        for row in s[s["status"] != "ok"].itertuples():
+            failed_marker(ax, trans, row.world_size, f"{strategy}: {STATUS_MARK.get(row.status, row.status)}",
+                          colour, stacked)
+    ax.set_xticks(sizes)
+    ax.margins(x=0.3)
+    ax.set_xlabel("world size (GPUs or CPU ranks)")
+    ax.set_ylabel("tokens/s (mean ± 95% CI)")
+    ax.set_ylim(0, None if (rows["status"] == "ok").any() else 1)
+    if len(sizes) == 1:
+        corner_note(ax, f"one world size only ({sizes[0]}): no scaling measured")
+
+
+def scaling_figure(data: Data) -> plt.Figure:
+    models = model_order(data.summary) if len(data.summary) else []
+    fig, axes = grid(len(models), data.style, legend_width=2.0)
+    data_parallel = data.summary["layout"] == "ws" + data.summary["world_size"].astype(str)
+    for ax, model in zip(axes, models):  # over data-parallel layouts (other layouts are not a line of one strategy)
+        scaling_panel(ax, data.summary[(data.summary["model"] == model) & data_parallel], data)
+        ax.set_title(model)
+    handles, labels = [], []
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    if handles:
+        handles.append(Line2D([], [], color="0.3", linestyle=(0, (2, 2))))
+        labels.append("ideal linear (from smallest world size)")
+        fig.legend(handles, labels, loc="outside right center", fontsize="small")
+    if not models:
+        empty_note(axes[0], "no runs")
+    return fig
+
+
+# ---------------------------------------------------------------- CLI
+BUILDERS = {"loss_curves": loss_curves_figure, "peak_memory": peak_memory_figure, "throughput": throughput_figure,
+            "time_per_epoch": time_per_epoch_figure, "mfu": mfu_figure, "memory_timeline": memory_timeline_figure,
+            "memory_vs_throughput": memory_vs_throughput_figure, "scaling": scaling_figure}
+assert list(BUILDERS) == FIGURES
+
+
+def write_all(data: Data, out_dir) -> list[Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    apply_style(data.style)
+    for name, build in BUILDERS.items():
+        save(build(data), out_dir, name, int(data.style["dpi"]))
+    return [out_dir / f"{name}.{ext}" for name in FIGURES for ext in ("png", "pdf")]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", required=True, help="runs.csv from the parse stage")
+    ap.add_argument("--steps", required=True, help="steps.csv from the parse stage")
+    ap.add_argument("--vram", required=True, help="vram.csv from the parse stage (may be header only)")
+    ap.add_argument("--style", default="{}", help="JSON object of style keys (see above)")
+    ap.add_argument("--out-dir", required=True, help="where <figure>.png and <figure>.pdf go")
+    args = ap.parse_args(argv)
+    style = parse_style(args.style)
+    written = write_all(load(args.runs, args.steps, args.vram, style), args.out_dir)
+    print(f"figures: {len(written)} files -> {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

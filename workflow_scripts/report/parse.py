@@ -1,0 +1,105 @@
+"""Stage 5, parse: every run's files -> tidy tables (one row per run; one per step; the sampler timelines).
+
+    python -m workflow_scripts.report.parse --runs DIR [DIR ...] --out-dir results/<study>/tables
+
+Writes runs/steps/vram as CSV and Parquet. Runs that ended `oom` or `unsupported` keep their row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from workflow_scripts import columns as C
+from workflow_scripts.columns import ID_COLUMNS
+from workflow_scripts.measure.metrics import timing
+from workflow_scripts.training.strategies import STRATEGIES
+
+
+def _flat(summary: dict) -> dict:
+    """Lists and dicts become JSON strings so every cell of the run table is a scalar."""
+    return {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in summary.items()}
+
+
+def retimed(summary: dict, run_dir: Path) -> dict:
+    """Time, throughput and MFU recomputed from the per-step rows with the one shared rule
+    (metrics.timing), so every run of a table is measured the same way."""
+    if summary.get("status") != "ok":
+        return summary
+    spec = json.loads((run_dir / C.RUN_SPEC).read_text())
+    rows = pd.read_csv(run_dir / C.METRICS).to_dict("records")
+    return {**summary, **timing(rows, summary["steps_per_epoch"], summary["world_size"],
+                                summary["flops_per_token"], summary["device_name"],
+                                spec["train"].get("checkpoint_every", 0))}
+
+
+def run_row(run_dir: Path, tables_dir: Path) -> dict:
+    summary = retimed(json.loads((run_dir / C.SUMMARY).read_text()), run_dir)
+    strategy = STRATEGIES.get(summary["strategy"])
+    row = _flat(summary)
+    row.setdefault("layout", f"ws{summary['world_size']}")  # runs from before layouts: pure data parallel
+    row["reason"] = summary.get("reason")
+    row["in_figures"] = bool(strategy.in_figures) if strategy else True
+    row["provenance"] = os.path.relpath(run_dir / C.PROVENANCE, tables_dir)
+    row["settings"] = os.path.relpath(run_dir / C.SETTINGS, tables_dir)
+    row["run_dir"] = os.path.relpath(run_dir, tables_dir)
+    return row
+
+
+def provenance_row(run_dir: Path, row: dict) -> dict:
+    path = run_dir / C.PROVENANCE
+    if not path.exists():
+        return {"run_id": row["run_id"]}
+    p = json.loads(path.read_text())
+    devices = p.get("devices", {})
+    names = ", ".join(sorted(set(devices.get("device_names") or []))) or devices.get("cpu")
+    return {"run_id": row["run_id"], "status": row.get("status"), "git_commit": (p["git"].get("commit") or "")[:12],
+            "git_dirty": p["git"].get("dirty"), "config_hash": p.get("run_config_hash"),
+            **{f"{k}": v for k, v in p.get("packages", {}).items()},
+            "cuda": devices.get("torch_cuda"), "rocm": devices.get("torch_hip"),
+            "devices": f"{devices.get('device_count', 0)} x {names}",
+            "host": p.get("host"), "container": p.get("container"), "slurm_job_id": p.get("slurm_job_id"),
+            "start_unix": p.get("start_unix"), "end_unix": p.get("end_unix"),
+            "substitutions": "; ".join(p.get("substitutions") or []), "settings": row["settings"]}
+
+
+def with_ids(frame: pd.DataFrame, row: dict) -> pd.DataFrame:
+    for i, col in enumerate(ID_COLUMNS):
+        frame.insert(i, col, row[col])
+    return frame
+
+
+def parse(run_dirs: list[str], out_dir: str) -> dict[str, pd.DataFrame]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, steps, vram, prov = [], [], [], []
+    for d in map(Path, run_dirs):
+        row = run_row(d, out)
+        rows.append(row)
+        prov.append(provenance_row(d, row))
+        steps.append(with_ids(pd.read_csv(d / C.METRICS), row))
+        vram.append(with_ids(pd.read_csv(d / C.VRAM), row))
+    tables = {"runs": pd.DataFrame(rows), "steps": pd.concat(steps, ignore_index=True),
+              "vram": pd.concat(vram, ignore_index=True), "provenance": pd.DataFrame(prov)}
+    for name, frame in tables.items():
+        frame.to_csv(out / f"{name}.csv", index=False)
+        frame.to_parquet(out / f"{name}.parquet", index=False)
+    (out / "provenance.md").write_text("# Provenance\n\n" + tables["provenance"].to_markdown(index=False) + "\n")
+    return tables
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", nargs="+", required=True, help="run directories (each with summary.json, ...)")
+    ap.add_argument("--out-dir", required=True)
+    a = ap.parse_args(argv)
+    tables = parse(a.runs, a.out_dir)
+    print(tables["runs"][["run_id", "status", "final_loss", "tokens_per_s"]
+                         if "final_loss" in tables["runs"] else ["run_id", "status"]].to_string())
+
+
+if __name__ == "__main__":
+    main()

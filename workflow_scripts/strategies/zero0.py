@@ -1,5 +1,0 @@
-"""zero0: DeepSpeed ZeRO stage 0 (no partitioning): a consistency check that must match ddp."""
-from workflow_scripts.strategies._deepspeed import deepspeed_strategy
-
-STRATEGY = deepspeed_strategy("zero0", 0, "DeepSpeed ZeRO stage 0 (no partitioning): a consistency check that must match ddp",
-                              in_figures=False)

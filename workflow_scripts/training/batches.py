@@ -1,0 +1,76 @@
+"""The data of a run: the token blocks, the model built for them, and the order in which every strategy and layout
+sees them (same samples, same order, whatever the split), plus the validation loss over the same blocks."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from workflow_scripts.training.context import RunContext
+from workflow_scripts.training.models import build_model, padded_vocab
+
+
+def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
+    """The tokens manifest, the training blocks (the first max_train_samples), the validation blocks, and the
+    embedding rows: the tokenizer's vocabulary padded to vocab_multiple, or the original model's row count."""
+    t = spec["train"]
+    data = json.loads(Path(spec["data"]["manifest"]).read_text())
+    blocks = np.load(spec["data"]["train"], mmap_mode="r")
+    if t.get("max_train_samples"):
+        blocks = blocks[: t["max_train_samples"]]
+    val = np.load(spec["data"]["val"], mmap_mode="r")
+    vocab = max(padded_vocab(data["vocab_size"], t["vocab_multiple"]), t.get("embedding_rows") or 0)
+    return data, blocks, val, vocab
+
+
+def make_model(spec: dict, vocab: int, seq_len: int):
+    """The run's model (registry shape or pretrained weights), fp32 on the CPU, no generation cache."""
+    model = build_model(spec["model"], vocab, seq_len, pretrained=spec.get("pretrained"),
+                        attn_implementation=spec["train"]["attn_implementation"],
+                        overrides=spec.get("model_overrides"))
+    model.config.use_cache = False
+    return model
+
+
+class Batches:
+    """Same samples, same order, for every strategy and layout: epoch e uses permutation(seed + e) of the training
+    blocks; step s takes the next `effective_batch` of them; data-parallel rank r's micro-step m takes slots
+    (m * dp_size + r) * micro (ranks that differ only in other dimensions read the same slots)."""
+
+    def __init__(self, blocks: np.ndarray, ctx: RunContext, seed: int, pin: bool):
+        self.blocks, self.ctx, self.seed, self.pin = blocks, ctx, seed, pin
+        self.steps_per_epoch = len(blocks) // ctx.effective_batch
+        self._epoch, self._perm = None, None
+
+    def micro_batches(self, step: int):
+        epoch, s = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self._epoch, self._perm = epoch, np.random.default_rng(self.seed + epoch).permutation(len(self.blocks))
+        c = self.ctx
+        base = s * c.effective_batch
+        for m in range(c.accum):
+            start = base + (m * c.dp_size + c.dp_rank) * c.micro_batch
+            idx = np.sort(self._perm[start:start + c.micro_batch])
+            batch = torch.from_numpy(self.blocks[idx].astype(np.int64))
+            if self.pin:
+                batch = batch.pin_memory()
+            yield batch.to(c.device, non_blocking=True)
+
+
+def evaluate(engine, val: np.ndarray, ctx: RunContext, samples: int) -> float:
+    """Mean next-token loss over the same validation blocks for every strategy (`samples` per data-parallel rank,
+    read in chunks of the strategy's micro-batch), averaged over ranks."""
+    per_rank = min(samples, len(val) // ctx.dp_size)
+    total = torch.zeros(2, device=ctx.device, dtype=torch.float64)
+    if per_rank > 0:
+        mine = val[ctx.dp_rank::ctx.dp_size][:per_rank]
+        with engine.eval_mode():
+            for i in range(0, per_rank, ctx.micro_batch):
+                tokens = torch.from_numpy(mine[i:i + ctx.micro_batch].astype(np.int64)).to(ctx.device)
+                total[0] += engine.forward_loss(tokens).double() * len(tokens)
+                total[1] += len(tokens)
+    dist.all_reduce(total)  # replicas along other dimensions add the same loss and count: the mean is unchanged
+    return float(total[0] / total[1]) if total[1] > 0 else float("nan")

@@ -1,0 +1,61 @@
+"""Build the DeepSpeed ops a study needs, once, before any rank starts (and outside every timing).
+
+DeepSpeed JIT-compiles C++ ops (the CPU shared-memory comm op, cpu_adam, async_io, the quantizer) in every rank
+on first use; concurrent builds race and can crash a rank. This stage builds them one after another into the
+study's TORCH_EXTENSIONS_DIR and records, per op, whether it built, how long it took, and the error if not:
+the launcher turns a failed op into an `unsupported` row for the strategies that need it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+from workflow_scripts.training.strategies import get as get_strategy
+
+
+def needed_ops(strategy: str, platform: str) -> list[str]:
+    s = get_strategy(strategy)
+    # DeepSpeed's CPU collectives op, loaded by deepspeed.init_distributed on the CPU accelerator
+    comm = ["ShareMemCommBuilder"] if platform == "cpu" and s.family == "deepspeed" else []
+    return comm + list(s.ops)
+
+
+def build(op: str) -> dict:
+    started = time.perf_counter()
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        builder = get_accelerator().create_op_builder(op)
+        if builder is None:
+            raise RuntimeError(f"DeepSpeed has no {op} for the {get_accelerator().device_name()} accelerator")
+        if not builder.is_compatible(verbose=False):
+            raise RuntimeError(f"DeepSpeed {op} is not compatible with this machine "
+                               f"({get_accelerator().device_name()} accelerator; e.g. libaio missing for async_io)")
+        builder.load(verbose=False)
+        return {"ok": True, "seconds": time.perf_counter() - started, "error": None}
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, the study goes on
+        traceback.print_exc()
+        return {"ok": False, "seconds": time.perf_counter() - started,
+                "error": f"{op}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--op", required=True, help="op builder class name, e.g. CPUAdamBuilder")
+    ap.add_argument("--platform", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    if a.platform == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    result = {"op": a.op, "platform": a.platform, "torch_extensions_dir": os.environ.get("TORCH_EXTENSIONS_DIR"),
+              **build(a.op)}
+    print(json.dumps(result, indent=2), flush=True)
+    Path(a.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

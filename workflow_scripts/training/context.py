@@ -1,0 +1,105 @@
+"""The run context: what one rank knows about its run, built from the run spec in one place for the training
+loop, the launcher (settings and platform checks before any rank starts) and the Trainer baseline.
+
+Data-parallel consumers ask the context, never the world size: `dp_rank` / `dp_size` pick batch slots and the
+validation split, `effective_batch` = micro-batch x accumulation x dp_size is DeepSpeed's train_batch_size.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from workflow_scripts.training.layout import Layout
+from workflow_scripts.training.precision import Precision, policy
+from workflow_scripts.training.strategies import get as get_strategy
+
+STRATEGY_KEYS = ("accum_steps", "keep_effective_batch")  # options the context consumes, not the engine
+
+
+@dataclass
+class RunContext:
+    rank: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    platform: str  # cpu | cuda | rocm
+    layout: Layout
+    precision: Precision
+    micro_batch: int
+    accum: int
+    lr: float
+    weight_decay: float
+    betas: tuple
+    eps: float
+    grad_clip: float
+    seed: int
+    work_dir: str  # per-run scratch (offload files, ...)
+    options: dict = field(default_factory=dict)  # this strategy's section of `strategy_options`
+    loss_fn: Callable | None = None  # (logits, tokens) -> loss; None: lm_loss (see training.harness)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.layout.dp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.layout.dp_rank(self.rank)
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch * self.accum * self.dp_size
+
+
+def process_env(platform: str) -> tuple[int, int, int, int, torch.device]:
+    """(rank, local rank, world size, local world size, device) of this torchrun process; selects its GPU."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    if platform == "cpu":
+        return rank, local_rank, world, local_world, torch.device("cpu")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return rank, local_rank, world, local_world, device
+
+
+def init_distributed(spec: dict) -> RunContext:
+    """Join the process group (gloo on CPU, NCCL/RCCL on GPU) and return this rank's context."""
+    import torch.distributed as dist
+
+    rank, local_rank, world, local_world, device = process_env(spec["platform"])
+    dist.init_process_group(backend="gloo" if device.type == "cpu" else "nccl",
+                            device_id=device if device.type == "cuda" else None)
+    ctx = from_spec(spec, rank, local_rank, local_world, device)
+    if ctx.world_size != world:
+        raise ValueError(f"layout {ctx.layout.key} needs {ctx.world_size} ranks, torchrun started {world}")
+    return ctx
+
+
+def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int | None = None,
+              device: torch.device | None = None) -> RunContext:
+    """The context of one rank; without a rank (the launcher, before any rank starts) that of rank 0."""
+    t = spec["train"]
+    layout = Layout.from_dict(spec.get("layout"), spec["world_size"])
+    if device is None:
+        device = torch.device("cpu") if spec["platform"] == "cpu" else torch.device("cuda", 0)
+    if local_world is None:
+        local_world = layout.world_size // spec.get("nodes", 1)
+    strategy = get_strategy(spec["strategy"])
+    micro, accum = t["micro_batch_size"], t["grad_accum"]
+    if strategy.accum_steps is not None:  # e.g. grad_accum: its own accumulation, same effective batch
+        own = strategy.accum_steps(spec["options"])
+        if spec["options"].get("keep_effective_batch", True):
+            micro = micro * accum // own
+        accum = own
+    options = {k: v for k, v in spec["options"].items() if k not in STRATEGY_KEYS}
+    return RunContext(rank=rank, local_rank=local_rank, local_world_size=local_world, device=device,
+                      platform=spec["platform"], layout=layout, precision=policy(spec["precision"]),
+                      micro_batch=micro, accum=accum, lr=t["lr"], weight_decay=t["weight_decay"],
+                      betas=tuple(t["betas"]), eps=t["eps"], grad_clip=t["grad_clip"], seed=t["seed"],
+                      work_dir=spec["work_dir"], options=options)

@@ -1,0 +1,206 @@
+"""One training job: checks, the VRAM sampler, torchrun with one process per rank, and the run's result row.
+
+    python -m workflow_scripts.training.launch --spec-json '<run spec>'         (what rules/train.smk runs)
+    python -m workflow_scripts.training.launch --spec results/.../run_spec.json  (rerun a saved run by hand)
+
+Outcomes, each a `summary.json` with a `status`:
+  ok          -- training finished; the trainer's metrics, the sampler's peaks and provenance merged;
+  unsupported -- the platform cannot run the strategy (a DeepSpeed op that does not build here, ...): no ranks
+                 start, the reason is recorded;
+  oom         -- a rank ran out of memory: the memory at failure is recorded and the job still succeeds, so
+                 the rest of the study goes on.
+Any other failure fails the job. A killed job rerun by Snakemake resumes from the run's last checkpoint.
+Multi-node: one launcher per node (srun), `--nnodes N --node-rank K --rdzv-endpoint HOST:PORT`; node 0 writes
+the results.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from workflow_scripts import columns as C
+
+
+def _header_only(path: Path, columns: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerow(columns)
+
+
+def environment(spec: dict) -> dict:
+    env = dict(os.environ)
+    if spec["platform"] == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        env["OMP_NUM_THREADS"] = str(spec["train"].get("threads_per_rank", 1))
+    env["TORCH_EXTENSIONS_DIR"] = os.path.abspath(spec["torch_extensions_dir"])
+    env["PIPELINE_STEP_FILE"] = os.path.abspath(os.path.join(spec["work_dir"], "step"))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def unsupported_reason(spec: dict, ctx) -> str | None:
+    """A DeepSpeed op that did not build here, or the strategy's own reason; None if it can run."""
+    from workflow_scripts.training.strategies import get as get_strategy
+
+    for op_file in spec.get("ops", []):
+        op = json.loads(Path(op_file).read_text())
+        if not op["ok"]:
+            return f"DeepSpeed op {op['op']} cannot be built on this platform: {op['error']}"
+    return get_strategy(spec["strategy"]).unsupported(ctx)
+
+
+def write_settings(spec: dict, ctx, path: Path) -> None:
+    """The strategy's exact settings, for runs whose ranks never wrote them (unsupported, early OOM)."""
+    from workflow_scripts.training.strategies import get as get_strategy
+
+    settings = {**get_strategy(spec["strategy"]).settings(ctx), "layout": ctx.layout.degrees()}
+    path.write_text(json.dumps(settings, indent=2, default=str))
+
+
+def torchrun_command(spec: dict, spec_path: Path, nnodes: int, node_rank: int, endpoint: str | None) -> list:
+    per_node = spec["world_size"] // nnodes
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={per_node}"]
+    if nnodes == 1:
+        cmd += ["--standalone"]
+    else:
+        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={spec['run_id']}"]
+    return cmd + ["-m", "workflow_scripts.training.loop", "--spec", str(spec_path)]
+
+
+def start_sampler(spec: dict, out_csv: Path, root_pid: int, env: dict):
+    cfg = spec.get("sampler", {})
+    if cfg.get("backend", "auto") == "none":
+        return None
+    from workflow_scripts.measure.vram import start_sampler as start
+
+    return start(str(out_csv), root_pid=root_pid, platform=spec["platform"], backend=cfg.get("backend", "auto"),
+                 interval_s=cfg.get("interval_s", 0.1), step_file=env["PIPELINE_STEP_FILE"])
+
+
+def sampler_fields(result: dict | None) -> dict:
+    if result is None:
+        return {"sampler_status": "off", "sampler_reason": "sampler.backend: none"}
+    peaks = result.get("peak_used_bytes") or {}
+    device_peak = max((v for k, v in peaks.items() if k != "host" and v is not None), default=None)
+    return {"sampler_status": result.get("status"), "sampler_reason": result.get("reason"),
+            "sampler_backends": result.get("backends"), "sampler_samples": result.get("samples"),
+            "sampler_hz": result.get("achieved_hz"), "sampler_gaps": result.get("gaps"),
+            "sampler_peak_device_bytes": device_peak, "sampler_peak_host_bytes": peaks.get("host"),
+            "sampler_peak_process_bytes": result.get("peak_process_bytes")}
+
+
+def identity(spec: dict, ctx) -> dict:
+    return {k: spec[k] for k in ("run_id", "study", "model", "strategy", "world_size", "repeat", "platform")} | {
+        "layout": ctx.layout.key, "precision": spec["precision"]}
+
+
+def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
+    from workflow_scripts.training.context import from_spec
+
+    out_dir, work_dir = Path(spec["out_dir"]), Path(spec["work_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = out_dir / C.RUN_SPEC
+    spec_path.write_text(json.dumps(spec, indent=2))
+    env = environment(spec)
+    started = time.time()
+    lead = node_rank == 0
+    ctx = from_spec(spec)  # rank 0's view, before any rank starts
+
+    reason = unsupported_reason(spec, ctx)
+    if reason:
+        write_unsupported(spec, ctx, reason, started)
+        return 0
+
+    for marker in out_dir.glob("oom_rank*.json"):
+        marker.unlink()
+    cmd = torchrun_command(spec, spec_path, nnodes, node_rank, endpoint)
+    print("launch:", " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, env=env)
+    node_csv = out_dir / C.VRAM if lead else out_dir / f"vram_node{node_rank}.csv"
+    sampler = None
+    try:
+        sampler = start_sampler(spec, node_csv, proc.pid, env)
+    except Exception as exc:  # noqa: BLE001 - a broken sampler never stops training
+        print(f"sampler did not start: {exc!r}", flush=True)
+    rc = proc.wait()
+    sampled = sampler.stop() if sampler is not None else None
+    if sampled is None:
+        _header_only(node_csv, C.SAMPLER_COLUMNS)
+    if not lead:
+        return rc
+    return write_result(spec, ctx, rc, sampled, started, time.time())
+
+
+def write_unsupported(spec: dict, ctx, reason: str, started: float) -> None:
+    """The row of a run this platform cannot run: no ranks started, empty metrics and timeline."""
+    from workflow_scripts.measure import provenance
+
+    out_dir = Path(spec["out_dir"])
+    print(f"unsupported: {reason}", flush=True)
+    write_settings(spec, ctx, out_dir / C.SETTINGS)
+    _header_only(out_dir / C.METRICS, C.METRIC_COLUMNS)
+    _header_only(out_dir / C.VRAM, C.SAMPLER_COLUMNS)
+    (out_dir / C.PROVENANCE).write_text(json.dumps(provenance.collect(spec, started, time.time()), indent=2))
+    (out_dir / C.SUMMARY).write_text(json.dumps({**identity(spec, ctx), "status": "unsupported",
+                                                 "reason": reason}, indent=2))
+
+
+def write_result(spec: dict, ctx, rc: int, sampled: dict | None, started: float, ended: float) -> int:
+    """Node 0, after the ranks ended: the `ok` or `oom` row with the sampler's peaks and provenance."""
+    from workflow_scripts.measure import provenance
+
+    out_dir = Path(spec["out_dir"])
+    ooms = sorted(out_dir.glob("oom_rank*.json"))
+    if rc != 0 and not ooms:
+        print(f"training failed with exit code {rc}", flush=True)
+        return rc
+    (out_dir / C.PROVENANCE).write_text(json.dumps(provenance.collect(spec, started, ended), indent=2))
+    if ooms:
+        failures = [json.loads(p.read_text()) for p in ooms]
+        if not (out_dir / C.METRICS).exists():
+            _header_only(out_dir / C.METRICS, C.METRIC_COLUMNS)
+        if not (out_dir / C.SETTINGS).exists():
+            write_settings(spec, ctx, out_dir / C.SETTINGS)
+        summary = {**identity(spec, ctx), "status": "oom", "reason": failures[0]["error"], "oom_ranks": failures,
+                   "oom_allocated_bytes": max((f["allocated_bytes"] or 0) for f in failures) or None,
+                   "oom_reserved_bytes": max((f["reserved_bytes"] or 0) for f in failures) or None}
+    else:
+        summary = json.loads((out_dir / C.TRAIN_SUMMARY).read_text())
+    summary.update(sampler_fields(sampled), study=spec["study"], launch_wall_s=ended - started)
+    (out_dir / C.SUMMARY).write_text(json.dumps(summary, indent=2))
+    print(f"{summary['status']}: {spec['run_id']}", flush=True)
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--spec-json", help="the run spec as a JSON string")
+    src.add_argument("--spec", help="a run spec file")
+    ap.add_argument("--nnodes", type=int, default=None, help="default: the spec's nodes")
+    ap.add_argument("--node-rank", type=int, default=int(os.environ.get("SLURM_NODEID", 0)))
+    ap.add_argument("--rdzv-endpoint", default=os.environ.get("PIPELINE_RDZV_ENDPOINT"))
+    a = ap.parse_args(argv)
+    spec = json.loads(a.spec_json) if a.spec_json else json.loads(Path(a.spec).read_text())
+    nnodes = a.nnodes or spec.get("nodes", 1)
+    endpoint = a.rdzv_endpoint or (slurm_endpoint() if nnodes > 1 else None)
+    sys.exit(launch(spec, nnodes, a.node_rank, endpoint))
+
+
+def slurm_endpoint(port: int = 29400) -> str:
+    """The rendezvous on the job's first node (srun starts one launcher per node)."""
+    nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                           capture_output=True, text=True, check=True).stdout.split()
+    return f"{nodes[0]}:{port}"
+
+
+if __name__ == "__main__":
+    main()

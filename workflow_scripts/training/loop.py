@@ -1,0 +1,331 @@
+"""The training loop, one process per rank, started by torchrun (see workflow_scripts.training.launch):
+
+    torchrun --nproc-per-node 2 -m workflow_scripts.training.loop --spec run_spec.json
+
+The run spec (written by the launcher from config) names the model, strategy, layout, data and training settings.
+The loop only times, logs, checkpoints and evaluates: the engine owns each optimizer step (its micro-batches,
+forward, backward and update; training.strategies.base.Engine.train_step). Rank 0
+writes `metrics.csv` (one row per optimizer step), `train_summary.json` and `strategy_settings.json` into the run's
+output directory. Log lines look like `step 10: loss 3.2100, lr 3.0e-04, step 105.2ms, 12345 tok/s`.
+
+Timing: no host synchronisation inside the step loop. On GPU each phase is bracketed by CUDA events, read with the
+losses once per `log_every` steps; on CPU by perf_counter. The first `timing_warmup_steps` steps (and everything
+before the loop: op builds, compilation, checkpoint loading) are excluded from throughput.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import resource
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from workflow_scripts import columns as C
+from workflow_scripts.measure import metrics as M
+from workflow_scripts.measure.clock import PhaseClock
+from workflow_scripts.measure.step_signal import StepPublisher
+from workflow_scripts.training import harness
+from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
+from workflow_scripts.training.checkpoint import load_checkpoint, save_checkpoint
+from workflow_scripts.training.context import RunContext, init_distributed
+from workflow_scripts.training.models import MODELS, count_params, flops_per_token
+from workflow_scripts.training.strategies import get as get_strategy
+from workflow_scripts.training.strategies.base import Engine, Strategy
+
+
+def lr_at(step: int, t: dict, total_steps: int) -> float:
+    """Linear warm-up over lr_warmup_steps, then cosine decay to min_lr at the last step."""
+    if step < t["lr_warmup_steps"]:
+        return t["lr"] * (step + 1) / t["lr_warmup_steps"]
+    span = max(1, total_steps - t["lr_warmup_steps"])
+    progress = min(1.0, (step - t["lr_warmup_steps"]) / span)
+    return t["min_lr"] + 0.5 * (t["lr"] - t["min_lr"]) * (1 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------- setup
+@dataclass
+class Run:
+    """Everything a rank needs to train, built once by `setup`."""
+
+    spec: dict
+    ctx: RunContext
+    strategy: Strategy
+    engine: Engine
+    batches: Batches
+    val: np.ndarray
+    seq_len: int
+    vocab: int
+    tokenizer_vocab: int
+    n_params: int
+    total_steps: int
+    levers: dict
+    out_dir: Path
+    ckpt_dir: Path
+
+    @property
+    def t(self) -> dict:
+        return self.spec["train"]
+
+    @property
+    def eval_samples(self) -> int:
+        return self.t["eval_batches"] * self.t["micro_batch_size"]  # the study's micro-batch, not the strategy's
+
+
+def setup(spec: dict) -> Run:
+    """Join the process group, build the model (seeded), apply the harness levers, write the exact strategy
+    settings (rank 0) and wrap the model in the strategy's engine."""
+    t = spec["train"]
+    ctx = init_distributed(spec)
+    strategy = get_strategy(spec["strategy"])
+    out_dir, ckpt_dir = Path(spec["out_dir"]), Path(spec["work_dir"]) / "ckpt"
+    if ctx.rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(t["seed"])
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(max(1, int(t.get("threads_per_rank", 1))))
+
+    data, blocks, val, vocab = load_data(spec)
+    seq_len = data["block_size"]
+    model = make_model(spec, vocab, seq_len)
+    n_params = count_params(model)
+    if t["gradient_checkpointing"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    levers = harness.apply(model, t, strategy)
+    ctx.loss_fn = harness.loss_function(t)
+    if ctx.rank == 0:
+        settings = {**strategy.settings(ctx), "layout": ctx.layout.degrees(), "harness": levers}
+        (out_dir / C.SETTINGS).write_text(json.dumps(settings, indent=2, default=str))
+    engine = strategy.build(model, ctx)
+
+    batches = Batches(blocks, ctx, t["seed"], pin=ctx.device.type == "cuda")
+    if batches.steps_per_epoch == 0:
+        raise ValueError(f"train: {len(blocks)} training blocks give no full step of effective batch "
+                         f"{ctx.effective_batch} (micro {ctx.micro_batch} x accum {ctx.accum} x dp {ctx.dp_size})")
+    total_steps = t["epochs"] * batches.steps_per_epoch
+    if t.get("max_steps"):
+        total_steps = min(total_steps, t["max_steps"])
+    return Run(spec=spec, ctx=ctx, strategy=strategy, engine=engine, batches=batches, val=val, seq_len=seq_len,
+               vocab=vocab, tokenizer_vocab=data["vocab_size"], n_params=n_params, total_steps=total_steps,
+               levers=levers, out_dir=out_dir, ckpt_dir=ckpt_dir)
+
+
+# ---------------------------------------------------------------- step rows
+class StepLog:
+    """The per-step rows of a run. Steps are added with their clock marks and the loss as a device tensor; `flush`
+    (every `log_every` steps) synchronises once, averages the losses over ranks, turns marks into phase times,
+    prints a log line and writes TensorBoard scalars."""
+
+    def __init__(self, run: Run, rows: list[dict], start_step: int):
+        self.run, self.rows, self.start_step = run, rows, start_step
+        self.clock = PhaseClock(run.ctx.device)
+        self.pending: list[dict] = []
+        self.prev_end = None
+        self.t_start = time.time()
+        self.board = None
+        if run.t.get("tensorboard") and run.ctx.rank == 0:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.board = SummaryWriter(str(run.out_dir / "tensorboard"))
+
+    def add(self, step: int, loss: torch.Tensor, lr: float, marks: dict) -> None:
+        self.pending.append({"step": step, "loss": loss, "lr": lr, "marks": marks, "wall": time.time()})
+
+    def untimed_gap(self) -> None:
+        """Time spent outside training (a checkpoint save): the next step is timed from its own start."""
+        self.prev_end = None
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        run, clock = self.run, self.clock
+        clock.sync()
+        losses = torch.stack([p["loss"] for p in self.pending]).double()
+        dist.all_reduce(losses)
+        losses = (losses / run.ctx.world_size).tolist()
+        for p, loss in zip(self.pending, losses):
+            self.rows.append(self._row(p, loss))
+        if self.board is not None:
+            for r in self.rows[-len(self.pending):]:
+                for key in ("loss", "lr", "step_time_s"):
+                    self.board.add_scalar(f"train/{key}", r[key], r["step"])
+            self.board.flush()
+        if run.ctx.rank == 0:
+            r = self.rows[-1]
+            print(f"step {r['step']}: loss {r['loss']:.4f}, lr {r['lr']:.2e}, step {1000 * r['step_time_s']:.1f}ms, "
+                  f"{r['tokens'] / max(r['step_time_s'], 1e-9):.0f} tok/s", flush=True)
+        self.pending.clear()
+
+    def _row(self, p: dict, loss: float) -> dict:
+        run, clock, marks = self.run, self.clock, p["marks"]
+        step_time = clock.seconds(self.prev_end if self.prev_end is not None else marks["start"], marks["end"])
+        self.prev_end = marks["end"]
+        return {"step": p["step"] + 1, "epoch": p["step"] // run.batches.steps_per_epoch, "loss": loss,
+                "lr": p["lr"], "step_time_s": step_time,
+                "forward_s": sum(clock.seconds(a, b) for a, b, _ in marks["micro"]),
+                "backward_s": sum(clock.seconds(b, c) for _, b, c in marks["micro"]),
+                "optimizer_s": clock.seconds(marks["opt"], marks["end"]),
+                "tokens": run.ctx.effective_batch * run.seq_len, "samples": run.ctx.effective_batch,
+                "warmup": p["step"] - self.start_step < run.t["timing_warmup_steps"],
+                "wall_s": p["wall"] - self.t_start}
+
+    def close(self, val_final: float) -> None:
+        if self.board is not None:
+            self.board.add_scalar("val/loss", val_final, self.run.total_steps)
+            self.board.close()
+
+
+# ---------------------------------------------------------------- the run
+def train(spec: dict) -> dict | None:
+    run = setup(spec)
+    ctx, engine, t = run.ctx, run.engine, run.t
+    state = load_checkpoint(engine, run.ckpt_dir) or {"step": 0, "rows": [], "val_loss_initial": None}
+    resumed_from = state["step"] if state["step"] else None
+    val_initial = state["val_loss_initial"]
+    if val_initial is None:
+        val_initial = evaluate(engine, run.val, ctx, run.eval_samples)
+
+    log = StepLog(run, state["rows"], state["step"])
+    publisher = StepPublisher(os.environ.get("PIPELINE_STEP_FILE") if ctx.rank == 0 else None)
+    inject_oom = (t.get("fault_injection") or {}).get("oom_at_step")
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    for step in range(state["step"], run.total_steps):
+        publisher.publish(step + 1)
+        if inject_oom is not None and step + 1 == inject_oom and ctx.rank == 0:
+            raise torch.OutOfMemoryError(f"injected allocation failure at step {step + 1} (fault_injection)")
+        lr = lr_at(step, t, run.total_steps)
+        loss, marks = engine.train_step(run.batches.micro_batches(step), lr, log.clock)
+        log.add(step, loss, lr, marks)
+        done = step + 1
+        if done % t["log_every"] == 0 or done == run.total_steps:
+            log.flush()
+        if t["checkpoint_every"] and done % t["checkpoint_every"] == 0 and done < run.total_steps:
+            log.flush()
+            save_checkpoint(engine, run.ckpt_dir, done,
+                            {"step": done, "rows": log.rows, "val_loss_initial": val_initial}, ctx.rank)
+            log.untimed_gap()
+    log.flush()
+    publisher.publish(run.total_steps + 1)
+    val_final = evaluate(engine, run.val, ctx, run.eval_samples)
+    log.close(val_final)
+    return finish(run, log.rows, (val_initial, val_final), resumed_from)
+
+
+def gather_memory(ctx: RunContext) -> list[list[float]]:
+    """Per rank: torch peak allocated and reserved (GPU, else 0) and the peak host RSS, in bytes."""
+    cuda = ctx.device.type == "cuda"
+    mem = torch.tensor([torch.cuda.max_memory_allocated(ctx.device) if cuda else 0,
+                        torch.cuda.max_memory_reserved(ctx.device) if cuda else 0,
+                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64,
+                       device=ctx.device)  # NCCL gathers device tensors only
+    gathered = [torch.zeros_like(mem) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, mem)
+    return torch.stack(gathered).tolist()
+
+
+def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_from: int | None) -> dict | None:
+    """Gather memory, write metrics.csv and train_summary.json (rank 0), drop the run's checkpoints."""
+    memory = gather_memory(run.ctx)
+    summary = None
+    if run.ctx.rank == 0:
+        summary = summarise(run, rows, val_losses, memory)
+        summary["resumed_from_step"] = resumed_from
+        write_metrics(run.out_dir / C.METRICS, rows)
+        (run.out_dir / C.TRAIN_SUMMARY).write_text(json.dumps(summary, indent=2))
+    dist.barrier()
+    if run.ctx.rank == 0:
+        shutil.rmtree(run.ckpt_dir, ignore_errors=True)  # the run is complete: checkpoints are no longer needed
+    dist.barrier()
+    return summary
+
+
+def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memory: list[list[float]]) -> dict:
+    """The run's row of the study table (before the launcher adds the sampler's peaks)."""
+    spec, ctx, strategy = run.spec, run.ctx, run.strategy
+    shape = MODELS[spec["model"]]
+    device_name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
+    fpt = flops_per_token(run.n_params, shape.n_layer, shape.d_model, run.seq_len)
+    steps_per_epoch, total_steps, cuda = run.batches.steps_per_epoch, run.total_steps, ctx.device.type == "cuda"
+    epoch_wall = {}
+    for r in rows:
+        epoch_wall[r["epoch"]] = epoch_wall.get(r["epoch"], 0.0) + r["step_time_s"]
+    val_initial, val_final = val_losses
+    return {
+        "status": "ok", "run_id": spec["run_id"], "model": spec["model"], "strategy": spec["strategy"],
+        "family": strategy.family, "zero_stage": strategy.zero_stage, "layout": ctx.layout.key,
+        "world_size": ctx.world_size, "dp_size": ctx.dp_size,
+        "repeat": spec["repeat"], "platform": spec["platform"], "device_name": device_name,
+        "precision": ctx.precision.name, "precision_detail": ctx.precision.detail,
+        "n_params": run.n_params, "n_layer": shape.n_layer, "d_model": shape.d_model, "seq_len": run.seq_len,
+        "vocab_size": run.vocab, "tokenizer_vocab_size": run.tokenizer_vocab, "micro_batch": ctx.micro_batch,
+        "grad_accum": ctx.accum,
+        "effective_batch": ctx.effective_batch, "tokens_per_step": ctx.effective_batch * run.seq_len,
+        "steps": total_steps, "steps_per_epoch": steps_per_epoch, "epochs": total_steps / steps_per_epoch,
+        "train_samples": int(ctx.effective_batch * total_steps),
+        "timing_warmup_steps": run.t["timing_warmup_steps"],
+        "epoch_time_s": [epoch_wall[e] for e in sorted(epoch_wall)],
+        "train_time_s": sum(r["step_time_s"] for r in rows),
+        "flops_per_token": fpt, "peak_tflops": M.peak_tflops(device_name),
+        **M.timing(rows, steps_per_epoch, ctx.world_size, fpt, device_name, run.t["checkpoint_every"]),
+        "peak_allocated_bytes": max(g[0] for g in memory) if cuda else None,
+        "peak_reserved_bytes": max(g[1] for g in memory) if cuda else None,
+        "peak_host_rss_bytes_per_rank": [g[2] for g in memory],
+        "peak_host_rss_bytes": sum(g[2] for g in memory),
+        "initial_loss": rows[0]["loss"] if rows else None, "final_loss": rows[-1]["loss"] if rows else None,
+        "val_loss_initial": val_initial, "val_loss_final": val_final,
+        "val_ppl_final": math.exp(val_final) if val_final == val_final and val_final < 50 else None,
+        **M.model_state_bytes(run.n_params, ctx.dp_size, strategy.zero_stage, ctx.precision.state_bytes,
+                              strategy.offload_optimizer(ctx), strategy.offload_params(ctx)),
+        "compile_blocks": run.levers["compile_blocks"], "compile_loss": run.levers["compile_loss"],
+    }
+
+
+def write_metrics(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=C.METRIC_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", required=True, help="run spec JSON written by workflow_scripts.training.launch")
+    spec = json.loads(Path(ap.parse_args(argv).spec).read_text())
+    try:
+        train(spec)
+        # Everything is written and every rank passed the last barrier: leave without running C++ destructors.
+        # DeepSpeed's CPU shared-memory comm threads sometimes abort a rank at interpreter exit ("terminate
+        # called without an active exception", seen once in CI-sized runs), which would fail a finished run.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    except torch.OutOfMemoryError as exc:
+        write_oom_marker(spec, exc)
+        raise
+
+
+def write_oom_marker(spec: dict, exc: BaseException) -> None:
+    """What this rank held when it ran out of memory, for the launcher's `oom` row."""
+    rank = int(os.environ.get("RANK", 0))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if spec["platform"] != "cpu" else None
+    info = {"rank": rank, "error": str(exc).splitlines()[0][:500],
+            "allocated_bytes": torch.cuda.memory_allocated(device) if device is not None else None,
+            "reserved_bytes": torch.cuda.memory_reserved(device) if device is not None else None,
+            "host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
+    Path(spec["out_dir"], C.OOM_MARKER.format(rank=rank)).write_text(json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()

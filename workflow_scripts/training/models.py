@@ -1,0 +1,144 @@
+"""Model registry: a name -> a transformers config, randomly initialised unless pretrained weights are asked for.
+
+Shapes are written out here (from the models' published configs) so that every study runs offline; with
+`pretrained: <hub id or local dir>` the real `from_pretrained` path loads config and weights instead.
+Adding a model is one entry in MODELS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GPT2_BASE = dict(
+    n_positions=1024,
+    activation_function="gelu_new",
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+    layer_norm_epsilon=1e-5,
+    initializer_range=0.02,
+    tie_word_embeddings=True,
+)
+QWEN2_BASE = dict(
+    hidden_act="silu",
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    attention_dropout=0.0,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # "gpt2" | "qwen2"
+    hub_id: str | None  # where pretrained weights / the original config live
+    shape: dict  # architecture keys for the transformers config class
+
+    @property
+    def n_layer(self) -> int:
+        return self.shape.get("n_layer", self.shape.get("num_hidden_layers"))
+
+    @property
+    def d_model(self) -> int:
+        return self.shape.get("n_embd", self.shape.get("hidden_size"))
+
+    @property
+    def n_heads(self) -> int:
+        return self.shape.get("n_head", self.shape.get("num_attention_heads"))
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.shape.get("num_key_value_heads", self.n_heads)
+
+    @property
+    def n_experts(self) -> int:
+        """Routed experts per MoE layer; 0 for a dense model."""
+        return int(self.shape.get("num_experts", 0) or 0)
+
+
+def _gpt2(name, hub_id, n_layer, n_embd, n_head):
+    return ModelSpec(name, "gpt2", hub_id, dict(GPT2_BASE, n_layer=n_layer, n_embd=n_embd, n_head=n_head))
+
+
+def _qwen2(name, hub_id, layers, hidden, inter, heads, kv_heads):
+    shape = dict(QWEN2_BASE, num_hidden_layers=layers, hidden_size=hidden, intermediate_size=inter,
+                 num_attention_heads=heads, num_key_value_heads=kv_heads)
+    return ModelSpec(name, "qwen2", hub_id, shape)
+
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in [
+    # CPU-sized models for the default study and tests
+    _gpt2("gpt2-tiny", None, 2, 128, 4),
+    _gpt2("gpt2-mini", None, 4, 256, 4),
+    _qwen2("qwen2-tiny", None, 2, 128, 384, 4, 2),
+    # the studied shapes
+    _gpt2("gpt2", "openai-community/gpt2", 12, 768, 12),
+    _gpt2("gpt2-medium", "openai-community/gpt2-medium", 24, 1024, 16),
+    _gpt2("gpt2-large", "openai-community/gpt2-large", 36, 1280, 20),
+    _gpt2("gpt2-xl", "openai-community/gpt2-xl", 48, 1600, 25),
+    _qwen2("qwen2.5-coder-1.5b", "Qwen/Qwen2.5-Coder-1.5B", 28, 1536, 8960, 12, 2),
+    _qwen2("qwen2.5-3b", "Qwen/Qwen2.5-3B", 36, 2048, 11008, 16, 2),
+]}
+
+
+def padded_vocab(vocab_size: int, multiple: int) -> int:
+    """Round the embedding rows up to a multiple (64/128 keeps the LM-head matmul on fast tiles)."""
+    if multiple <= 1:
+        return vocab_size
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | None = None):
+    """The transformers config for a registry model with the study's vocabulary and sequence length."""
+    from transformers import GPT2Config, Qwen2Config
+
+    spec = MODELS[name]
+    shape = dict(spec.shape, **(overrides or {}))
+    if spec.family == "gpt2":
+        shape["n_positions"] = max(shape.get("n_positions", 1024), block_size)
+        return GPT2Config(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0, **shape)
+    return Qwen2Config(vocab_size=vocab_size, **shape)
+
+
+def build_model(name: str, vocab_size: int, block_size: int, *, pretrained: str | None = None,
+                attn_implementation: str = "sdpa", overrides: dict | None = None):
+    """Instantiate the model in fp32 on the CPU; strategies move/cast/shard it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if pretrained:
+        model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32,
+                                                     attn_implementation=attn_implementation)
+        if model.get_input_embeddings().num_embeddings < vocab_size:
+            model.resize_token_embeddings(vocab_size)
+        return model
+    config = build_config(name, vocab_size, block_size, overrides)
+    config._attn_implementation = attn_implementation
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def count_params(model) -> int:
+    """Unique parameters (tied embeddings counted once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def flops_per_token(n_params: int, n_layer: int, d_model: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12·L·d·T (PaLM appendix B; nanoGPT's estimate_mfu)."""
+    return 6.0 * n_params + 12.0 * n_layer * d_model * seq_len
+
+
+def transformer_blocks(model) -> list:
+    """The repeated decoder blocks (the unit FSDP shards and activation checkpointing wraps)."""
+    import torch
+
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
+        raise ValueError(f"{type(model).__name__}: no ModuleList of transformer blocks found")
+    return list(max(lists, key=len))

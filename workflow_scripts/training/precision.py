@@ -1,0 +1,56 @@
+"""The study's precision policy (`train.precision`), one object read by every strategy, the metrics and the
+benchmarks instead of comparing strings:
+
+  fp32       -- fp32 parameters, gradients, optimizer and compute;
+  bf16-mixed -- fp32 parameters, gradients and optimizer; forward/backward under torch.autocast(bf16);
+  bf16-pure  -- bf16 parameters and compute, fp32 master weights and optimizer states.
+
+How each engine realises a policy lives with the engine (DDP keeps an fp32 master copy under bf16-pure, DeepSpeed
+takes its `bf16` or `torch_autocast` section, FSDP2 a MixedPrecisionPolicy); what they share is here.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    detail: str
+    autocast_bf16: bool  # forward/backward under torch.autocast(bf16), parameters stay fp32
+    bf16_params: bool  # module parameters (and gradients) in bf16, fp32 master weights in the optimizer
+    # bytes per parameter on the device before partitioning: (parameters, gradients, optimizer states)
+    state_bytes: tuple[int, int, int]
+
+    @property
+    def uses_bf16(self) -> bool:
+        return self.autocast_bf16 or self.bf16_params
+
+    def autocast(self, device_type: str):
+        """The context the forward (and loss) runs under."""
+        if self.autocast_bf16:
+            import torch
+
+            return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+POLICIES: dict[str, Precision] = {p.name: p for p in [
+    Precision("fp32", "fp32 parameters, gradients, optimizer and compute", False, False, (4, 4, 8)),
+    Precision("bf16-mixed", "fp32 parameters, gradients and optimizer; forward/backward compute under "
+              "torch.autocast(bf16)", True, False, (4, 4, 8)),  # autocast stores nothing extra
+    # the ZeRO paper's mixed-precision Adam: bf16 p + g, fp32 master + m + v
+    Precision("bf16-pure", "bf16 parameters and compute, fp32 master weights and optimizer states", False, True,
+              (2, 2, 12)),
+]}
+
+
+def policy(name: str) -> Precision:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown precision {name!r}; known: {', '.join(POLICIES)}") from None

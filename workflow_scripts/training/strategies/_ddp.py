@@ -1,0 +1,73 @@
+"""The DDP engine shared by ddp, ddp_overlap and grad_accum: torch DistributedDataParallel + torch AdamW."""
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from workflow_scripts.training.strategies.base import Engine, adamw, adamw_settings, batch_settings
+
+if TYPE_CHECKING:
+    from workflow_scripts.training.context import RunContext
+
+DDP_KEYS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters")
+
+
+def ddp_settings(ctx: RunContext, ddp_kwargs: dict) -> dict:
+    return {"engine": "torch.nn.parallel.DistributedDataParallel", "ddp": ddp_kwargs, **batch_settings(ctx),
+            "no_sync_on_accumulation": ctx.accum > 1, "optimizer": adamw_settings(ctx)}
+
+
+class DDPEngine(Engine):
+    def __init__(self, model: torch.nn.Module, ctx: RunContext, ddp_kwargs: dict):
+        super().__init__(ctx)
+        model.to(ctx.device)
+        self.master = None
+        if ctx.precision.bf16_params:
+            self.master = [p.detach().clone().float() for p in model.parameters()]
+            model.to(torch.bfloat16)
+        self.model = model
+        self.module = DistributedDataParallel(
+            model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None, **ddp_kwargs)
+        self.optimizer = adamw(self.master if self.master is not None else model.parameters(), ctx)
+        self.settings = ddp_settings(ctx, ddp_kwargs)
+
+    def micro_step(self, last: bool):
+        return contextlib.nullcontext() if last else self.module.no_sync()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.ctx.accum).backward()
+
+    def optimizer_step(self, lr: float) -> None:
+        params = list(self.model.parameters())
+        if self.master is not None:
+            for m, p in zip(self.master, params):
+                m.grad = None if p.grad is None else p.grad.float()
+            params = self.master
+        if self.ctx.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, self.ctx.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
+        if self.master is not None:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.model.parameters()):
+                    p.copy_(m)
+
+    def save(self, path: str) -> None:
+        if self.ctx.rank == 0:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "master": self.master}, f"{path}/ddp.pt")
+        torch.distributed.barrier()
+
+    def load(self, path: str) -> None:
+        state = torch.load(f"{path}/ddp.pt", map_location=self.ctx.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        if self.master is not None:
+            for m, saved in zip(self.master, state["master"]):
+                m.data.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,143 @@
+"""What every strategy shares: the optimizer, the loss, the engine interface and the Strategy record.
+
+A strategy is one small module that builds a `Strategy`: its exact settings (the DeepSpeed JSON, the DDP or FSDP
+keyword arguments), a check for platforms that cannot run it, and an engine around the model. The training loop
+(`workflow_scripts.training.loop`) asks the engine for one optimizer step at a time; the engine owns the
+micro-batches of that step (a pipeline schedule can own them instead):
+
+    loss, marks = engine.train_step(micro_batches, lr, clock)
+
+The default `Engine.train_step` runs, per micro-batch, `micro_step(last)` / `forward_loss` / `backward`, then
+`optimizer_step(lr)`; engines override those four (or `train_step` as a whole).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from workflow_scripts.training.models import transformer_blocks
+
+if TYPE_CHECKING:
+    from workflow_scripts.training.context import RunContext
+
+
+def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy in fp32 over positions 0..T-2 predicting 1..T-1."""
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1).long())
+
+
+def adamw(params, ctx: RunContext) -> torch.optim.Optimizer:
+    """The one optimizer of every non-offload strategy: torch AdamW, fused kernels on GPU, foreach on CPU."""
+    kind = {"fused": True} if ctx.device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(params, lr=ctx.lr, betas=tuple(ctx.betas), eps=ctx.eps,
+                             weight_decay=ctx.weight_decay, **kind)
+
+
+def adamw_settings(ctx: RunContext) -> dict:
+    impl = "torch.optim.AdamW(fused=True)" if ctx.device.type == "cuda" else "torch.optim.AdamW(foreach=True)"
+    return {"impl": impl, "lr": ctx.lr, "betas": list(ctx.betas), "eps": ctx.eps,
+            "weight_decay": ctx.weight_decay, "grad_clip": ctx.grad_clip}
+
+
+def batch_settings(ctx: RunContext) -> dict:
+    """The batch and precision keys every engine records in its settings."""
+    return {"micro_batch": ctx.micro_batch, "grad_accum": ctx.accum, "effective_batch": ctx.effective_batch,
+            "precision": ctx.precision.name, "precision_detail": ctx.precision.detail}
+
+
+class Engine:
+    """Interface the training loop drives. `settings` is what gets saved next to the run's results."""
+
+    module: torch.nn.Module
+    settings: dict
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def train_step(self, micro_batches: Iterable[torch.Tensor], lr: float, clock) -> tuple[torch.Tensor, dict]:
+        """One optimizer step over this rank's micro-batches. Returns the mean loss (a device tensor, not read)
+        and the clock's marks: start, per micro-batch (before forward, after forward, after backward), before the
+        optimizer, end. The marks are read later (training.loop.StepLog), never inside the step."""
+        marks = {"start": clock.mark(), "micro": []}
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        for m, tokens in enumerate(micro_batches):
+            with self.micro_step(last=m == self.ctx.accum - 1):
+                a = clock.mark()
+                loss = self.forward_loss(tokens)
+                b = clock.mark()
+                self.backward(loss)
+                marks["micro"].append((a, b, clock.mark()))
+            loss_sum += loss.detach().float()
+        marks["opt"] = clock.mark()
+        self.optimizer_step(lr)
+        marks["end"] = clock.mark()
+        return loss_sum / self.ctx.accum, marks
+
+    def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        with self.ctx.precision.autocast(self.ctx.device.type):
+            logits = self.module(input_ids=tokens).logits
+        return (self.ctx.loss_fn or lm_loss)(logits, tokens)
+
+    def micro_step(self, last: bool):
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def optimizer_step(self, lr: float) -> None:
+        raise NotImplementedError
+
+    def eval_mode(self):
+        return _EvalMode(self.module)
+
+    def save(self, path: str) -> None:
+        raise NotImplementedError
+
+    def load(self, path: str) -> None:
+        raise NotImplementedError
+
+
+class _EvalMode:
+    def __init__(self, module):
+        self.module = module
+
+    def __enter__(self):
+        self.module.eval()
+        self._grad = torch.no_grad()
+        self._grad.__enter__()
+
+    def __exit__(self, *exc):
+        self._grad.__exit__(*exc)
+        self.module.train()
+
+
+def compile_blocks(model: torch.nn.Module, mode: str) -> dict:
+    """`torch.compile` of each transformer block in place (train.compile_blocks), before the strategy wraps the
+    model; returns what to record beyond the harness settings. Strategies whose hooks break compiled blocks bring
+    their own (DeepSpeed ZeRO-3: training.strategies._deepspeed.zero3_compile_blocks)."""
+    for block in transformer_blocks(model):
+        block.compile(mode=mode)
+    return {}
+
+
+@dataclass
+class Strategy:
+    """One training strategy. `family` groups the engines: ddp, deepspeed, fsdp."""
+
+    name: str
+    family: str
+    description: str
+    build: Callable  # (model, ctx) -> Engine
+    settings: Callable  # (ctx) -> dict, the exact settings, computed before the model exists
+    zero_stage: int  # 0 for DDP (replicated), 3 for FSDP full sharding
+    offload_optimizer: Callable = lambda ctx: False
+    offload_params: Callable = lambda ctx: False
+    unsupported: Callable = lambda ctx: None  # (ctx) -> reason or None, for reasons other than a missing op
+    ops: tuple = ()  # DeepSpeed op builders this strategy needs, built once before any rank starts
+    accum_steps: Callable | None = None  # (options) -> accumulation steps, if the strategy sets its own
+    compile_blocks: Callable = compile_blocks  # (model, mode) -> dict, see compile_blocks above
+    in_figures: bool = True
