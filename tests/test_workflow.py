@@ -38,6 +38,8 @@ def test_dry_run_plans_every_stage(tmp_path):
     ({"layouts": [{"dp": 1, "tp": 3}]}, "layouts[0].tp: 3 does not divide gpt2-tiny's 4 attention heads"),
     ({"layouts": [{"dp": 2, "pp": 2}]}, "layouts[0].pp: 2, but no module implements pipeline parallelism yet"),
     ({"layouts": [{"dp": 2, "ep": 2}]}, "layouts[0].ep: 2, but gpt2-tiny has no experts"),
+    ({"strategy_options": {"ddp_overlap": {"bucket_cap": 100}}},
+     "strategy_options.ddp_overlap.bucket_cap: unknown option"),
 ])
 def test_bad_config_is_one_error_naming_the_key(tmp_path, override, named):
     wd = copy_workflow(tmp_path / "wf")
@@ -46,6 +48,19 @@ def test_bad_config_is_one_error_naming_the_key(tmp_path, override, named):
     assert done.returncode != 0
     assert named in done.stderr + done.stdout
     assert (done.stderr + done.stdout).count("invalid study config") == 1, "one error"
+    assert not (wd / "work").exists(), "no job may start"
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"figures": {"dip": 100}}, "dip"),
+    ({"train": {"fault_injection": {"oom_at": 3}}}, "oom_at"),
+    ({"corpus": {"hub": {"pathh": "x"}}}, "pathh"),
+])
+def test_a_typo_below_the_top_level_is_refused_by_the_schema(tmp_path, override, key):
+    wd = copy_workflow(tmp_path / "wf")
+    (wd / "typo.yaml").write_text(yaml.safe_dump(override))
+    done = snakemake(wd, "-n", "--configfile", "config.yaml", "typo.yaml", check=False)
+    assert done.returncode != 0 and key in done.stderr + done.stdout
     assert not (wd / "work").exists(), "no job may start"
 
 

@@ -58,9 +58,13 @@ def name_problems(config: dict) -> list[str]:
         study.runs(config)
     except ValueError as exc:
         out.append(str(exc))
-    for s in config.get("strategy_options", {}):
+    for s, options in config.get("strategy_options", {}).items():
         if s not in STRATEGIES:
             out.append(f"strategy_options.{s}: no such strategy")
+            continue
+        known = STRATEGIES[s].option_keys
+        for key in sorted(set(options or {}) - set(known if known is not None else options or {})):
+            out.append(f"strategy_options.{s}.{key}: unknown option (known: {', '.join(known) or 'none'})")
     for model, path in config.get("pretrained", {}).items():
         if model not in MODELS:
             out.append(f"pretrained.{model}: unknown model")

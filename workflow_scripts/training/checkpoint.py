@@ -1,14 +1,31 @@
 """Checkpoints of a run under its work_dir: `step_<N>/` (the engine's own format + state.json: the step, the rows
-logged so far, the initial validation loss) and a `latest` pointer replaced atomically, so a job killed at any
-moment resumes from the last complete checkpoint."""
+logged so far, the initial validation loss, the configuration's hash) and a `latest` pointer replaced atomically,
+so a job killed at any moment resumes from the last complete checkpoint.
+
+A run resumes only a checkpoint of its own configuration: `resume_hash` covers everything in the run spec that can
+change a number (model, strategy, layout, precision, data, every train setting but logging, checkpoint frequency
+and fault injection). A checkpoint written under another configuration is never loaded: it is moved aside to
+`ckpt.superseded-<its hash>` (nothing is deleted) and the run starts at step 0, saying so in its log.
+"""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
 import torch.distributed as dist
+
+# spec keys that never change a result: where files go, how it is observed
+NOT_HASHED = ("run_id", "study", "out_dir", "work_dir", "sampler", "ops", "torch_extensions_dir", "substitutions")
+NOT_HASHED_TRAIN = ("log_every", "checkpoint_every", "tensorboard", "fault_injection")
+
+
+def resume_hash(spec: dict) -> str:
+    kept = {k: v for k, v in spec.items() if k not in NOT_HASHED}
+    kept["train"] = {k: v for k, v in spec["train"].items() if k not in NOT_HASHED_TRAIN}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -38,11 +55,25 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, state: dict, rank: int) -
     dist.barrier()
 
 
-def load_checkpoint(engine, ckpt_dir: Path) -> dict | None:
-    """Restore the engine from the last complete checkpoint; its state.json, or None if there is none."""
+def load_checkpoint(engine, ckpt_dir: Path, config_hash: str, rank: int) -> dict | None:
+    """Restore the engine from the last complete checkpoint of this configuration; its state.json, or None."""
     last = latest_checkpoint(ckpt_dir)
     if last is None:
         return None
     state = json.loads((last / "state.json").read_text())
+    old = state.get("config_hash") or "unknown"
+    if old != config_hash:
+        dist.barrier()  # every rank has read the pointer before rank 0 moves the directory
+        if rank == 0:
+            aside = ckpt_dir.with_name(f"{ckpt_dir.name}.superseded-{old}")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(ckpt_dir, aside)
+            ckpt_dir.mkdir(parents=True)
+            print(f"resume: not resuming {last.name}: it was written under another configuration (config hash "
+                  f"{old}, this run {config_hash}); moved to {aside}; starting at step 0", flush=True)
+        dist.barrier()
+        return None
     engine.load(str(last))
+    if rank == 0:
+        print(f"resume: resuming from {last.name} (step {state['step']}, config hash {config_hash})", flush=True)
     return state

@@ -36,7 +36,7 @@ from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.step_signal import StepPublisher
 from workflow_scripts.training import harness
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
-from workflow_scripts.training.checkpoint import load_checkpoint, save_checkpoint
+from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import RunContext, init_distributed
 from workflow_scripts.training.models import MODELS, count_params, flops_per_token
 from workflow_scripts.training.strategies import get as get_strategy
@@ -189,7 +189,9 @@ class StepLog:
 def train(spec: dict) -> dict | None:
     run = setup(spec)
     ctx, engine, t = run.ctx, run.engine, run.t
-    state = load_checkpoint(engine, run.ckpt_dir) or {"step": 0, "rows": [], "val_loss_initial": None}
+    config_hash = resume_hash(spec)
+    state = (load_checkpoint(engine, run.ckpt_dir, config_hash, ctx.rank)
+             or {"step": 0, "rows": [], "val_loss_initial": None})
     resumed_from = state["step"] if state["step"] else None
     val_initial = state["val_loss_initial"]
     if val_initial is None:
@@ -213,7 +215,8 @@ def train(spec: dict) -> dict | None:
         if t["checkpoint_every"] and done % t["checkpoint_every"] == 0 and done < run.total_steps:
             log.flush()
             save_checkpoint(engine, run.ckpt_dir, done,
-                            {"step": done, "rows": log.rows, "val_loss_initial": val_initial}, ctx.rank)
+                            {"step": done, "rows": log.rows, "val_loss_initial": val_initial,
+                             "config_hash": config_hash}, ctx.rank)
             log.untimed_gap()
     log.flush()
     publisher.publish(run.total_steps + 1)
@@ -298,10 +301,24 @@ def write_metrics(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def die_with_parent() -> None:
+    """torchrun starts the ranks in their own session, so a kill of the workflow's process group reaches the
+    launcher and the torchrun agent but not the ranks, which would train on and write checkpoints into the folder
+    the rerun resumes from. Linux: the kernel kills this rank when its parent (the agent) dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before prctl
+            os._exit(1)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", required=True, help="run spec JSON written by workflow_scripts.training.launch")
     spec = json.loads(Path(ap.parse_args(argv).spec).read_text())
+    die_with_parent()
     try:
         train(spec)
         # Everything is written and every rank passed the last barrier: leave without running C++ destructors.

@@ -140,4 +140,7 @@ class Strategy:
     ops: tuple = ()  # DeepSpeed op builders this strategy needs, built once before any rank starts
     accum_steps: Callable | None = None  # (options) -> accumulation steps, if the strategy sets its own
     compile_blocks: Callable = compile_blocks  # (model, mode) -> dict, see compile_blocks above
+    # the keys its `strategy_options` section may hold, checked before any job starts; None: passed on to a
+    # library that validates them itself (DeepSpeed's config model)
+    option_keys: tuple | None = None
     in_figures: bool = True

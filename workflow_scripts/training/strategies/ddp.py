@@ -6,5 +6,6 @@ STRATEGY = Strategy(
     name="ddp", family="ddp", zero_stage=0,
     description="DistributedDataParallel, default gradient buckets (25 MB)",
     settings=lambda ctx: ddp_settings(ctx, {}),
+    option_keys=(),
     build=lambda model, ctx: DDPEngine(model, ctx, {}),
 )

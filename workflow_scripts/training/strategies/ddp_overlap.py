@@ -13,5 +13,6 @@ STRATEGY = Strategy(
     name="ddp_overlap", family="ddp", zero_stage=0,
     description="DDP with bucket_cap_mb, gradient_as_bucket_view and static_graph from config",
     settings=lambda ctx: ddp_settings(ctx, _kwargs(ctx)),
+    option_keys=DDP_KEYS,
     build=lambda model, ctx: DDPEngine(model, ctx, _kwargs(ctx)),
 )

@@ -85,6 +85,7 @@ STRATEGY = Strategy(
     name="fsdp", family="fsdp", zero_stage=3,
     description="PyTorch FSDP2 fully_shard, full sharding, optional CPU offload",
     settings=_settings,
+    option_keys=("reshard_after_forward", "cpu_offload"),
     build=lambda model, ctx: FSDPEngine(model, ctx),
     offload_optimizer=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
     offload_params=lambda ctx: bool(ctx.options.get("cpu_offload", False)),

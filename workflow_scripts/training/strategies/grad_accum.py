@@ -10,6 +10,7 @@ STRATEGY = Strategy(
     name="grad_accum", family="ddp", zero_stage=0,
     description="DDP, high gradient accumulation with no_sync() on all but the last micro-step",
     settings=lambda ctx: ddp_settings(ctx, {}),
+    option_keys=("accum_steps", "keep_effective_batch"),
     build=lambda model, ctx: DDPEngine(model, ctx, {}),
     accum_steps=lambda options: int(options.get("accum_steps", 8)),
 )
