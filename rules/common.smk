@@ -9,12 +9,21 @@ from workflow_scripts.report.report_hook import write_report_after_success
 from workflow_scripts.training.layout import Layout
 
 
-validate(config, schema="../schemas/config.schema.yaml", set_default=True)
-try:
+try:  # every violation at once, one line each, before Snakemake's validation fills the defaults
+    config_check.check_schema(config, os.path.join(workflow.basedir, "schemas/config.schema.yaml"))
+    validate(config, schema="../schemas/config.schema.yaml", set_default=True)
     config_check.check(config)
 except config_check.ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
+from workflow_scripts.training.build_ops import extensions_dir
+
+# DeepSpeed's compiled ops: every job (op builds, training ranks) inherits the directory through the environment,
+# not through params, so a machine-specific path never makes Snakemake rerun a training job
+os.environ["TORCH_EXTENSIONS_DIR"] = os.path.abspath(
+    extensions_dir(config["torch_extensions_dir"], config["platform"])
+    if config["torch_extensions_dir"] != "auto" or "TORCH_EXTENSIONS_DIR" not in os.environ
+    else os.environ["TORCH_EXTENSIONS_DIR"])
 R = config["results_dir"]
 W = config["work_dir"]
 PLATFORM = config["platform"]

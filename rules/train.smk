@@ -9,11 +9,10 @@ rule build_op:
         f"{R}/logs/ops/{{op}}.log",
     params:
         platform=PLATFORM,
-        extensions=f"{W}/torch_extensions",
     container:
         IMAGE
     shell:
-        "TORCH_EXTENSIONS_DIR=$(realpath -m {params.extensions}) python3 -m workflow_scripts.training.build_ops "
+        "python3 -m workflow_scripts.training.build_ops "
         "--op {wildcards.op} --platform {params.platform} --out {output} > {log} 2>&1"
 
 

@@ -59,13 +59,6 @@ def default_study(tmp_path_factory) -> Path:
     return wd
 
 
-def seed_op_cache(wd: Path, work_dir: str) -> None:
-    """Reuse the default study's compiled DeepSpeed ops (a build cache) in another work_dir of the same copy."""
-    src = wd / "work/default/torch_extensions"
-    if src.exists() and not (wd / work_dir / "torch_extensions").exists():
-        shutil.copytree(src, wd / work_dir / "torch_extensions")
-
-
 def overlay(wd: Path, name: str, **cfg) -> list[str]:
     """--configfile arguments: config.yaml, then an overlay written from keyword arguments."""
     import yaml

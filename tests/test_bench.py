@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from conftest import overlay, seed_op_cache, snakemake
+from conftest import overlay, snakemake
 
 BENCH = {"model": "gpt2-tiny", "world_size": 2, "strategies": ["ddp", "zero2", "fsdp"],
          "harness": {"compile_loss": True},
@@ -19,7 +19,6 @@ BENCH = {"model": "gpt2-tiny", "world_size": 2, "strategies": ["ddp", "zero2", "
 @pytest.fixture(scope="module")
 def bench(default_study):
     wd = default_study
-    seed_op_cache(wd, "work/bench")
     snakemake(wd, "bench_harness", "bench_sampler", *overlay(wd, "bench", study="bench", results_dir="results/bench",
                                             work_dir="work/bench", bench=BENCH,
                                             train={"max_steps": 8, "log_every": 4, "timing_warmup_steps": 2,

@@ -2,6 +2,7 @@
 final loss as an uninterrupted run), and an out-of-memory run becomes an `oom` row while the study completes."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from conftest import overlay, seed_op_cache, snakemake
+from conftest import overlay, snakemake
 
 
 def kill_tree(pid: int) -> None:
@@ -34,7 +35,6 @@ def launcher_of(run_id: str):
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
 def test_sigkilled_job_resumes_with_the_same_final_loss(default_study, strategy):
     wd, work = default_study, f"work/resume_{strategy}"
-    seed_op_cache(wd, work)
     train = {"max_steps": 100, "checkpoint_every": 20, "log_every": 10}
     ref = overlay(wd, f"ref_{strategy}", results_dir=f"results/ref_{strategy}", work_dir=work,
                   strategies=[strategy], train=train)
@@ -63,6 +63,43 @@ def test_sigkilled_job_resumes_with_the_same_final_loss(default_study, strategy)
     assert list(steps.step) == list(range(1, 101))
     assert steps.loss.iloc[-1] == pytest.approx(expected.loss.iloc[-1], abs=1e-6)
     assert steps.loss.tolist() == pytest.approx(expected.loss.tolist(), abs=1e-6)
+
+
+def ranks_of(marker: str) -> list:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "workflow_scripts.training.loop" in " ".join(p.info["cmdline"] or []) and marker in
+            " ".join(p.info["cmdline"] or [])]
+
+
+def test_killing_the_workflow_leaves_no_rank_and_the_readme_rerun_resumes(default_study):
+    """As a user stops a run: SIGKILL to Snakemake's process group. No rank may train on (torchrun starts them in
+    their own session); README's rerun (`--unlock`, then `--rerun-incomplete`) resumes from the checkpoint."""
+    wd, work = default_study, "work/orphans"
+    args = overlay(wd, "orphans", results_dir="results/orphans", work_dir=work, strategies=["ddp"],
+                   train={"max_steps": 60, "checkpoint_every": 20, "log_every": 10})
+    sm = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "all", *args], cwd=wd,
+                          start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = wd / work / "runs/gpt2-tiny/ddp/ws2/r0/ckpt/latest"
+    deadline = time.time() + 300
+    while not latest.exists() and time.time() < deadline and sm.poll() is None:
+        time.sleep(0.05)
+    assert latest.exists() and ranks_of("results/orphans"), "training did not start"
+    os.killpg(sm.pid, signal.SIGKILL)
+    sm.wait(timeout=30)
+    deadline = time.time() + 10
+    while ranks_of("results/orphans") and time.time() < deadline:
+        time.sleep(0.2)
+    assert not ranks_of("results/orphans"), "a rank outlived the workflow"
+    checkpoint = latest.read_text()
+    time.sleep(2)
+    assert latest.read_text() == checkpoint, "something still writes checkpoints"
+
+    snakemake(wd, "--unlock", *args)
+    snakemake(wd, "--rerun-incomplete", *args)
+    runs = pd.read_csv(wd / "results/orphans/tables/runs.csv")
+    steps = pd.read_csv(wd / "results/orphans/tables/steps.csv")
+    assert runs.loc[0, "status"] == "ok" and runs.loc[0, "resumed_from_step"] >= 20
+    assert list(steps.step) == list(range(1, 61))
 
 
 def test_out_of_memory_becomes_a_row_and_the_study_completes(default_study):

@@ -141,8 +141,8 @@ def test_training_runs_record_their_slurm_job(slurm_run, slurm_cluster):  # noqa
         ids.add(job_id)
         assert prov["env"]["SLURM_JOB_PARTITION"] == slurm_cluster.partition
         job = slurm_cluster.show_job(job_id)
-        model, strategy, world, repeat = run.parts[-4], run.parts[-3], run.parts[-2][2:], run.parts[-1][1:]
-        assert job["Comment"] == f"rule_train_wildcards_{model}_{strategy}_{world}_{repeat}"
+        model, strategy, layout, repeat = run.parts[-4], run.parts[-3], run.parts[-2], run.parts[-1][1:]
+        assert job["Comment"] == f"rule_train_wildcards_{model}_{strategy}_{layout}_{repeat}"
         assert job["JobState"] == "COMPLETED" and job["Partition"] == slurm_cluster.partition
         assert job["CPUs/Task"] == world  # the rule's threads (= world size on CPU) became --cpus-per-task
         assert job["NumTasks"] == "1"  # one torchrun launcher

@@ -51,16 +51,22 @@ def test_bad_config_is_one_error_naming_the_key(tmp_path, override, named):
     assert not (wd / "work").exists(), "no job may start"
 
 
-@pytest.mark.parametrize("override, key", [
-    ({"figures": {"dip": 100}}, "dip"),
-    ({"train": {"fault_injection": {"oom_at": 3}}}, "oom_at"),
-    ({"corpus": {"hub": {"pathh": "x"}}}, "pathh"),
-])
-def test_a_typo_below_the_top_level_is_refused_by_the_schema(tmp_path, override, key):
+def test_typos_at_every_level_are_listed_at_once_with_the_closest_key(tmp_path):
     wd = copy_workflow(tmp_path / "wf")
-    (wd / "typo.yaml").write_text(yaml.safe_dump(override))
+    typos = {"figures": {"dip": 100}, "train": {"fault_injection": {"oom_at": 3}, "micro_batch_size": 0},
+             "corpus": {"hub": {"pathh": "x"}}, "bench": {"train": {"max_step": 3}},
+             "groups": [{"models": ["gpt2-tiny"], "strategies": ["ddp"], "train": {"lrr": 1e-3}}]}
+    (wd / "typo.yaml").write_text(yaml.safe_dump(typos))
     done = snakemake(wd, "-n", "--configfile", "config.yaml", "typo.yaml", check=False)
-    assert done.returncode != 0 and key in done.stderr + done.stdout
+    out = done.stderr + done.stdout
+    assert done.returncode != 0 and out.count("invalid study config") == 1
+    for line in ("figures.dip: unknown key, did you mean dpi?", "train.fault_injection.oom_at: unknown key, did you "
+                 "mean oom_at_step?", "corpus.hub.pathh: unknown key, did you mean path?",
+                 "bench.train.max_step: unknown key, did you mean max_steps?",
+                 "groups[0].train.lrr: unknown key, did you mean lr?",
+                 "train.micro_batch_size: 0 is less than the minimum of 1"):
+        assert line in out, line
+    assert "description" not in out, "no dump of the schema"
     assert not (wd / "work").exists(), "no job may start"
 
 

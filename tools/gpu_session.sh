@@ -19,6 +19,6 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$O
 timeout "${BUDGET_S:-540}" python3 -m snakemake --cores all --resources timed_runs=1 --keep-going "$@" 2>&1 \
   | tail -n 400 > "$OUT/snakemake.log"
 rc=${PIPESTATUS[0]}
-tar czf "$OUT/results.tgz" results/ work/*/torch_extensions/*/*.log 2>/dev/null
+tar czf "$OUT/results.tgz" results/ 2>/dev/null
 tail -n 30 "$OUT/snakemake.log"
 exit "$rc"

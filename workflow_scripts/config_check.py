@@ -4,9 +4,11 @@ All problems are collected and raised as one error, each naming the key or file 
 """
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from workflow_scripts import study
 from workflow_scripts.training.layout import Layout
@@ -167,6 +169,68 @@ def layout_problems(config: dict) -> list[str]:
             out += [p for m in g["models"] if m in MODELS for p in layout.problems(MODELS[m], f"{where}[{j}]")]
             out += unimplemented(layout, f"{where}[{j}]")
     return list(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------- the schema, every violation at once
+def dotted(path) -> str:
+    """['groups', 0, 'train', 'lr'] -> 'groups[0].train.lr'."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def unknown_key(where: str, key: str, known) -> str:
+    known = sorted(known)
+    hint = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    at = f"{where}.{key}" if where else key
+    return f"{at}: unknown key, " + (f"did you mean {hint[0]}?" if hint else f"known: {', '.join(known)}")
+
+
+def describe(err) -> list[str]:
+    """One line per problem of a jsonschema error; for oneOf/anyOf, the branch that matched best."""
+    from jsonschema.exceptions import best_match
+
+    if err.validator in ("oneOf", "anyOf") and err.context:
+        right_type = [e for e in err.context if e.validator != "type"]  # the branch of the instance's type
+        if right_type:
+            return describe(best_match(right_type))
+        types = " or ".join(str(e.validator_value) for e in err.context)
+        return [f"{dotted(err.absolute_path) or 'config'}: {err.instance!r} is not of type {types}"]
+    where = dotted(err.absolute_path)
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        known = err.schema.get("properties", {})
+        return [unknown_key(where, k, known) for k in err.instance if k not in known]
+    message = err.message if len(err.message) <= 200 else err.message[:197] + "..."
+    return [f"{where or 'config'}: {message}"]
+
+
+def schema_problems(config: dict, schema: dict) -> list[str]:
+    """Every violation of the schema, one line each, naming the dotted path (and the closest valid key for a
+    typo); train overrides (groups[].train, bench.train, bench.levers[].train) are checked against train's keys."""
+    from jsonschema import Draft202012Validator
+
+    out = []
+    for err in sorted(Draft202012Validator(schema).iter_errors(config), key=lambda e: [str(p) for p in e.path]):
+        out += describe(err)
+    train_keys = schema["properties"]["train"]["properties"]
+    sections = [(f"groups[{i}].train", g.get("train")) for i, g in enumerate(config.get("groups") or [])
+                if isinstance(g, dict)]
+    bench = config.get("bench") if isinstance(config.get("bench"), dict) else {}
+    sections += [("bench.train", bench.get("train")), ("bench.harness", bench.get("harness"))]
+    sections += [(f"bench.levers[{i}].train", lv.get("train")) for i, lv in enumerate(bench.get("levers") or [])
+                 if isinstance(lv, dict)]
+    for where, overrides in sections:
+        out += [unknown_key(where, k, train_keys) for k in (overrides or {}) if k not in train_keys]
+    return out
+
+
+def check_schema(config: dict, schema_path: str) -> None:
+    import yaml
+
+    found = schema_problems(config, yaml.safe_load(Path(schema_path).read_text()))
+    if found:
+        raise ConfigError("invalid study config:\n  " + "\n  ".join(found))
 
 
 def check(config: dict, devices: int | None = None) -> None:

@@ -75,7 +75,6 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
         "data": {"train": f"{W}/data/train.npy", "val": f"{W}/data/val.npy",
                  "manifest": f"{R}/data/tokens_manifest.json"},
         "ops": list(ops),
-        "torch_extensions_dir": f"{W}/torch_extensions",
         "out_dir": out_dir,
         "work_dir": work_dir,
     }

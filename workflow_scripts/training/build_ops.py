@@ -2,7 +2,7 @@
 
 DeepSpeed JIT-compiles C++ ops (the CPU shared-memory comm op, cpu_adam, async_io, the quantizer) in every rank
 on first use; concurrent builds race and can crash a rank. This stage builds them one after another into the
-study's TORCH_EXTENSIONS_DIR and records, per op, whether it built, how long it took, and the error if not:
+machine's op cache (`extensions_dir`; config `torch_extensions_dir`) and records, per op, whether it built, how long it took, and the error if not:
 the launcher turns a failed op into an `unsupported` row for the strategies that need it.
 """
 from __future__ import annotations
@@ -15,6 +15,35 @@ import traceback
 from pathlib import Path
 
 from workflow_scripts.training.strategies import get as get_strategy
+
+
+def extensions_dir(setting: str | None, platform: str) -> str:
+    """Where compiled ops live. `auto` (the default): one cache per machine and toolchain, shared by every clone and
+    study, `$PIPELINE_CACHE` or `$XDG_CACHE_HOME`/`~/.cache` + `/dist-train-studies/torch_extensions/<key>`; the key
+    names torch, DeepSpeed, Python, the platform and a hash of the C++ compiler's version, so an op built by another
+    toolchain is never loaded (torch's own loader also rebuilds an op whose sources or flags changed)."""
+    if setting and setting != "auto":
+        return setting
+    import hashlib
+    import platform as py
+    import subprocess
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    try:
+        compiler = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=10).stdout
+    except OSError:
+        compiler = "none"
+    key = (f"torch{version('torch')}-ds{version('deepspeed')}-py{py.python_version()}-{platform}-"
+           + hashlib.sha256(compiler.encode()).hexdigest()[:8]).replace("+", "_")
+    base = os.environ.get("PIPELINE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dist-train-studies")
+    return os.path.join(base, "torch_extensions", key)
 
 
 def needed_ops(strategy: str, platform: str) -> list[str]:

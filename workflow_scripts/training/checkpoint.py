@@ -3,8 +3,8 @@ logged so far, the initial validation loss, the configuration's hash) and a `lat
 so a job killed at any moment resumes from the last complete checkpoint.
 
 A run resumes only a checkpoint of its own configuration: `resume_hash` covers everything in the run spec that can
-change a number (model, strategy, layout, precision, data, every train setting but logging, checkpoint frequency
-and fault injection). A checkpoint written under another configuration is never loaded: it is moved aside to
+change a number (model, strategy, layout, precision, the token data, every train setting but logging, checkpoint
+frequency and fault injection). A checkpoint written under another configuration is never loaded: it is moved aside to
 `ckpt.superseded-<its hash>` (nothing is deleted) and the run starts at step 0, saying so in its log.
 """
 from __future__ import annotations
@@ -23,8 +23,15 @@ NOT_HASHED_TRAIN = ("log_every", "checkpoint_every", "tensorboard", "fault_injec
 
 
 def resume_hash(spec: dict) -> str:
+    """What shapes the run's trajectory: the spec's settings and the token data itself. The data's paths stay the
+    same when the corpus changes, so its manifest and the block files' size and modification time count too
+    (regenerated data never resumes an older checkpoint, even if it came out identical: the safe side)."""
     kept = {k: v for k, v in spec.items() if k not in NOT_HASHED}
     kept["train"] = {k: v for k, v in spec["train"].items() if k not in NOT_HASHED_TRAIN}
+    manifest = Path(spec["data"]["manifest"])
+    kept["tokens_manifest"] = manifest.read_text() if manifest.exists() else None
+    kept["token_files"] = [(os.stat(p).st_size, os.stat(p).st_mtime_ns) if os.path.exists(p) else None
+                           for p in (spec["data"]["train"], spec["data"]["val"])]
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

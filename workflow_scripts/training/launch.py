@@ -37,7 +37,8 @@ def environment(spec: dict) -> dict:
     if spec["platform"] == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["OMP_NUM_THREADS"] = str(spec["train"].get("threads_per_rank", 1))
-    env["TORCH_EXTENSIONS_DIR"] = os.path.abspath(spec["torch_extensions_dir"])
+    if spec.get("torch_extensions_dir"):  # a spec run by hand may name its own; else the workflow's (common.smk)
+        env["TORCH_EXTENSIONS_DIR"] = os.path.abspath(spec["torch_extensions_dir"])
     env["PIPELINE_STEP_FILE"] = os.path.abspath(os.path.join(spec["work_dir"], "step"))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
