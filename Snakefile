@@ -21,9 +21,9 @@ include: "rules/bench.smk"
 
 
 rule all:
+    default_target: True
     input:
         all_outputs(),
-    default_target: True
 
 
 onsuccess:

@@ -15,16 +15,16 @@ rule bench_part:
         f"{R}/logs/bench/{{table}}.log",
     wildcard_constraints:
         table="|".join(BENCH_PARTS.values()),
-    params:
-        cfg=lambda w: json.dumps(bench_config(w.table), sort_keys=True, default=str),
-        part=lambda w: {v: k for k, v in BENCH_PARTS.items()}[w.table],
-        out=lambda w, output: os.path.dirname(output.csv),
+    container:
+        IMAGE
     threads: 4 * config["bench"]["world_size"]
     resources:
         gpu=0 if PLATFORM == "cpu" else config["bench"]["world_size"],
         timed_runs=1,
-    container:
-        IMAGE
+    params:
+        cfg=lambda w: json.dumps(bench_config(w.table), sort_keys=True, default=str),
+        part=lambda w: {v: k for k, v in BENCH_PARTS.items()}[w.table],
+        out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.bench.harness --config-json {params.cfg:q} --part {params.part} "
         "--out-dir {params.out} > {log} 2>&1"
@@ -58,14 +58,14 @@ rule bench_sampler:
         md=f"{R}/bench/sampler_overhead.md",
     log:
         f"{R}/logs/bench/sampler_overhead.log",
-    params:
-        cfg=json.dumps(bench_config("sampler"), sort_keys=True, default=str),
-        out=lambda w, output: os.path.dirname(output.csv),
+    container:
+        IMAGE
     threads: 4 * config["bench"]["world_size"]
     resources:
         gpu=0 if PLATFORM == "cpu" else config["bench"]["world_size"],
         timed_runs=1,
-    container:
-        IMAGE
+    params:
+        cfg=json.dumps(bench_config("sampler"), sort_keys=True, default=str),
+        out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.bench.sampler --config-json {params.cfg:q} --out-dir {params.out} > {log} 2>&1"

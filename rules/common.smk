@@ -6,24 +6,21 @@ from snakemake.utils import validate
 
 from workflow_scripts import columns, config_check, study
 from workflow_scripts.report.report_hook import write_report_after_success
+from workflow_scripts.training.build_ops import export_extensions_dir
 from workflow_scripts.training.layout import Layout
 
-
 try:  # every violation at once, one line each, before Snakemake's validation fills the defaults
-    config_check.check_schema(config, os.path.join(workflow.basedir, "schemas/config.schema.yaml"))
+    config_check.check_schema(
+        config, os.path.join(workflow.basedir, "schemas/config.schema.yaml")
+    )
     validate(config, schema="../schemas/config.schema.yaml", set_default=True)
     config_check.check(config)
 except config_check.ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
-from workflow_scripts.training.build_ops import extensions_dir
-
 # DeepSpeed's compiled ops: every job (op builds, training ranks) inherits the directory through the environment,
 # not through params, so a machine-specific path never makes Snakemake rerun a training job
-os.environ["TORCH_EXTENSIONS_DIR"] = os.path.abspath(
-    extensions_dir(config["torch_extensions_dir"], config["platform"])
-    if config["torch_extensions_dir"] != "auto" or "TORCH_EXTENSIONS_DIR" not in os.environ
-    else os.environ["TORCH_EXTENSIONS_DIR"])
+export_extensions_dir(config["torch_extensions_dir"], config["platform"])
 R = config["results_dir"]
 W = config["work_dir"]
 PLATFORM = config["platform"]
@@ -40,17 +37,23 @@ wildcard_constraints:
     op="[A-Za-z]+",
 
 
-RUNS = study.runs(config)  # (model, strategy, layout key) -> the group's train overrides
+RUNS = study.runs(
+    config
+)  # (model, strategy, layout key) -> the group's train overrides
 
 
 def run_dirs():
-    return [RUN.format(model=m, strategy=s, layout=k, repeat=r) for (m, s, k) in RUNS
-            for r in range(config["repeats"])]
+    return [
+        RUN.format(model=m, strategy=s, layout=k, repeat=r)
+        for (m, s, k) in RUNS
+        for r in range(config["repeats"])
+    ]
 
 
 def all_outputs():
     return [f"{R}/tables/summary.md", f"{R}/tables/runs.csv"] + expand(
-        f"{R}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"])
+        f"{R}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"]
+    )
 
 
 def ops_for(wildcards):
@@ -62,9 +65,17 @@ def ops_for(wildcards):
 def run_spec(wildcards):
     """The run's spec as JSON (workflow_scripts.study.run_spec): a params value, so any change reruns the run."""
     w = wildcards
-    spec = study.run_spec(config, w.model, w.strategy, Layout.from_key(w.layout), int(w.repeat),
-                          RUNS[(w.model, w.strategy, w.layout)], out_dir=RUN.format(**w),
-                          work_dir=f"{W}/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}", ops=ops_for(w))
+    spec = study.run_spec(
+        config,
+        w.model,
+        w.strategy,
+        Layout.from_key(w.layout),
+        int(w.repeat),
+        RUNS[(w.model, w.strategy, w.layout)],
+        out_dir=RUN.format(**w),
+        work_dir=f"{W}/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}",
+        ops=ops_for(w),
+    )
     return json.dumps(spec, sort_keys=True)
 
 
@@ -74,17 +85,28 @@ def train_threads(wildcards):
 
 
 def train_gpus(wildcards):
-    return 0 if PLATFORM == "cpu" else Layout.from_key(wildcards.layout).world_size // config["nodes"]
+    return (
+        0
+        if PLATFORM == "cpu"
+        else Layout.from_key(wildcards.layout).world_size // config["nodes"]
+    )
 
 
-BENCH_PARTS = {"levers": "levers", "compare": "harness_vs_trainer"}  # --part of bench_harness -> its table
+BENCH_PARTS = {
+    "levers": "levers",
+    "compare": "harness_vs_trainer",
+}  # --part of bench_harness -> its table
 
 
 def bench_ops(wildcards):
     from workflow_scripts.training.build_ops import needed_ops
 
     b = config["bench"]
-    used = set(b["strategies"]) | {b["lever_strategy"]} | {lv["strategy"] for lv in b["levers"] if "strategy" in lv}
+    used = (
+        set(b["strategies"])
+        | {b["lever_strategy"]}
+        | {lv["strategy"] for lv in b["levers"] if "strategy" in lv}
+    )
     names = sorted({op for s in used for op in needed_ops(s, PLATFORM)})
     return expand(f"{W}/ops/{{op}}.json", op=names)
 
@@ -92,12 +114,16 @@ def bench_ops(wildcards):
 def bench_config(table):
     """The config one part depends on: no figure/table style, and not the other part's keys (editing the lever
     list never reruns the Trainer comparison, and the other way round)."""
-    other = {"levers": ("strategies", "harness"), "sampler": ("strategies", "harness", "levers")}.get(
-        table, ("levers", "lever_strategy"))
+    other = {
+        "levers": ("strategies", "harness"),
+        "sampler": ("strategies", "harness", "levers"),
+    }.get(table, ("levers", "lever_strategy"))
     cfg = {k: v for k, v in config.items() if k not in ("figures", "tables")}
     cfg["bench"] = {k: v for k, v in config["bench"].items() if k not in other}
     return cfg
 
 
 def write_report():
-    write_report_after_success(workflow, config, f"{R}/report.html", needs=f"{R}/tables/summary.md")
+    write_report_after_success(
+        workflow, config, f"{R}/report.html", needs=f"{R}/tables/summary.md"
+    )

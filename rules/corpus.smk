@@ -5,10 +5,10 @@ rule corpus:
         manifest=f"{R}/data/corpus_manifest.json",
     log:
         f"{R}/logs/corpus.log",
-    params:
-        corpus=json.dumps(config["corpus"], sort_keys=True),
     container:
         IMAGE
+    params:
+        corpus=json.dumps(config["corpus"], sort_keys=True),
     shell:
         "python3 -m workflow_scripts.data.corpus --params {params.corpus:q} --jsonl {output.jsonl} "
         "--manifest {output.manifest} > {log} 2>&1"

@@ -4,9 +4,9 @@ rule doctor:
         f"{R}/doctor.md",
     log:
         f"{R}/logs/doctor.log",
-    params:
-        cfg=json.dumps(config, sort_keys=True, default=str),
     container:
         IMAGE
+    params:
+        cfg=json.dumps(config, sort_keys=True, default=str),
     shell:
         "python3 -m workflow_scripts.doctor --config-json {params.cfg:q} --out {output} > {log} 2>&1"

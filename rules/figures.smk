@@ -6,17 +6,24 @@ rule summary_table:
     input:
         runs=rules.parse.output.runs,
     output:
-        md=report(f"{R}/tables/summary.md", caption="../report/captions/summary.rst", category="Tables"),
+        md=report(
+            f"{R}/tables/summary.md",
+            caption="../report/captions/summary.rst",
+            category="Tables",
+        ),
         tex=f"{R}/tables/summary.tex",
         csv=f"{R}/tables/summary.csv",
-        comparisons=report(f"{R}/tables/comparisons.md", caption="../report/captions/comparisons.rst",
-                           category="Tables"),
+        comparisons=report(
+            f"{R}/tables/comparisons.md",
+            caption="../report/captions/comparisons.rst",
+            category="Tables",
+        ),
     log:
         f"{R}/logs/summary_table.log",
-    params:
-        style=json.dumps(config["tables"], sort_keys=True),
     container:
         IMAGE
+    params:
+        style=json.dumps(config["tables"], sort_keys=True),
     shell:
         "python3 -m workflow_scripts.report.tables --runs {input.runs} --style {params.style:q} --out-dir $(dirname {output.md}) "
         "> {log} 2>&1"
@@ -28,15 +35,21 @@ rule figures:
         steps=rules.parse.output.steps,
         vram=rules.parse.output.vram,
     output:
-        png=[report(f"{R}/figures/{name}.png", caption=f"../report/captions/{name}.rst", category="Figures")
-             for name in FIGURES],
+        png=[
+            report(
+                f"{R}/figures/{name}.png",
+                caption=f"../report/captions/{name}.rst",
+                category="Figures",
+            )
+            for name in FIGURES
+        ],
         pdf=expand(f"{R}/figures/{{name}}.pdf", name=FIGURES),
     log:
         f"{R}/logs/figures.log",
-    params:
-        style=json.dumps(config["figures"], sort_keys=True),
     container:
         IMAGE
+    params:
+        style=json.dumps(config["figures"], sort_keys=True),
     shell:
         "python3 -m workflow_scripts.report.figures --runs {input.runs} --steps {input.steps} --vram {input.vram} "
         "--style {params.style:q} --out-dir $(dirname {output.png[0]}) > {log} 2>&1"

@@ -5,22 +5,28 @@ rule parse:
         metrics=expand("{run}/metrics.csv", run=run_dirs()),
         vram=expand("{run}/vram.csv", run=run_dirs()),
     output:
-        runs=report(f"{R}/tables/runs.csv", caption="../report/captions/runs.rst", category="Tables"),
+        runs=report(
+            f"{R}/tables/runs.csv",
+            caption="../report/captions/runs.rst",
+            category="Tables",
+        ),
         steps=f"{R}/tables/steps.csv",
         vram=f"{R}/tables/vram.csv",
         runs_parquet=f"{R}/tables/runs.parquet",
         steps_parquet=f"{R}/tables/steps.parquet",
         vram_parquet=f"{R}/tables/vram.parquet",
-        provenance=report(f"{R}/tables/provenance.md", caption="../report/captions/provenance.rst",
-                          category="Provenance"),
+        provenance=report(
+            f"{R}/tables/provenance.md",
+            caption="../report/captions/provenance.rst",
+            category="Provenance",
+        ),
         provenance_csv=f"{R}/tables/provenance.csv",
         provenance_parquet=f"{R}/tables/provenance.parquet",
     log:
         f"{R}/logs/parse.log",
-    params:
-        runs=run_dirs(),
     container:
         IMAGE
+    params:
+        runs=run_dirs(),
     shell:
         "python3 -m workflow_scripts.report.parse --runs {params.runs} --out-dir $(dirname {output.runs}) > {log} 2>&1"
-

@@ -9,12 +9,12 @@ rule tokenize:
         manifest=f"{R}/data/tokens_manifest.json",
     log:
         f"{R}/logs/tokenize.log",
+    container:
+        IMAGE
+    threads: 16  # capped by --cores
     params:
         block_size=config["data"]["block_size"],
         val_fraction=config["data"]["val_fraction"],
-    threads: 16  # capped by --cores
-    container:
-        IMAGE
     shell:
         "python3 -m workflow_scripts.data.tokenize --corpus {input.corpus} --tokenizer {input.tokenizer} "
         "--block-size {params.block_size} --val-fraction {params.val_fraction} --threads {threads} "

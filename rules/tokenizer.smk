@@ -6,10 +6,10 @@ rule tokenizer:
         directory(f"{W}/tokenizer"),
     log:
         f"{R}/logs/tokenizer.log",
-    params:
-        tokenizer=json.dumps(config["tokenizer"], sort_keys=True),
     container:
         IMAGE
+    params:
+        tokenizer=json.dumps(config["tokenizer"], sort_keys=True),
     shell:
         "python3 -m workflow_scripts.data.tokenizer --params {params.tokenizer:q} --corpus {input.corpus} "
         "--out {output} > {log} 2>&1"

@@ -7,10 +7,10 @@ rule build_op:
         f"{W}/ops/{{op}}.json",
     log:
         f"{R}/logs/ops/{{op}}.log",
-    params:
-        platform=PLATFORM,
     container:
         IMAGE
+    params:
+        platform=PLATFORM,
     shell:
         "python3 -m workflow_scripts.training.build_ops "
         "--op {wildcards.op} --platform {params.platform} --out {output} > {log} 2>&1"
@@ -30,17 +30,20 @@ rule train:
         provenance=f"{RUN}/provenance.json",
     log:
         f"{R}/logs/train/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}.log",
-    params:
-        spec=run_spec,
-        # one launcher per node; --overlap: the SLURM jobstep's own step already holds the job's CPUs
-        launcher=("srun --overlap --ntasks-per-node=1 --nodes={} ".format(config["nodes"])
-                  if config["nodes"] > 1 else ""),
+    container:
+        IMAGE
     threads: train_threads
     resources:
         gpu=train_gpus,
         nodes=config["nodes"],
         timed_runs=1,  # profiles set --resources timed_runs=1: timed runs never share a machine
-    container:
-        IMAGE
+    params:
+        spec=run_spec,
+        # one launcher per node; --overlap: the SLURM jobstep's own step already holds the job's CPUs
+        launcher=(
+            "srun --overlap --ntasks-per-node=1 --nodes={} ".format(config["nodes"])
+            if config["nodes"] > 1
+            else ""
+        ),
     shell:
         "{params.launcher}python3 -m workflow_scripts.training.launch --spec-json {params.spec:q} > {log} 2>&1"

@@ -20,6 +20,15 @@ def test_lint_is_clean(tmp_path):
     assert "Lints for" not in done.stdout + done.stderr
 
 
+def test_snakemake_files_are_snakefmt_clean():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "Snakefile", "rules/"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_dry_run_plans_every_stage(tmp_path):
     wd = copy_workflow(tmp_path / "wf")
     out = snakemake(wd, "-n", "--quiet", "rules").stdout

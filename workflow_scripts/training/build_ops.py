@@ -46,6 +46,15 @@ def extensions_dir(setting: str | None, platform: str) -> str:
     return os.path.join(base, "torch_extensions", key)
 
 
+def export_extensions_dir(setting: str | None, platform: str) -> str:
+    """Set TORCH_EXTENSIONS_DIR for every job of the workflow: the config's directory, or with `auto` one already
+    in the environment, else the machine's cache (extensions_dir)."""
+    if setting in (None, "auto") and os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    os.environ["TORCH_EXTENSIONS_DIR"] = os.path.abspath(extensions_dir(setting, platform))
+    return os.environ["TORCH_EXTENSIONS_DIR"]
+
+
 def needed_ops(strategy: str, platform: str) -> list[str]:
     s = get_strategy(strategy)
     # DeepSpeed's CPU collectives op, loaded by deepspeed.init_distributed on the CPU accelerator
