@@ -63,14 +63,17 @@ class Batches:
 def evaluate(engine, val: np.ndarray, ctx: RunContext, samples: int) -> float:
     """Mean next-token loss over the same validation blocks for every strategy (`samples` per data-parallel rank,
     read in chunks of the strategy's micro-batch), averaged over ranks."""
+    chunk = getattr(engine, "eval_chunk", ctx.micro_batch)  # a pipeline evaluates whole schedules
     per_rank = min(samples, len(val) // ctx.dp_size)
+    if chunk != ctx.micro_batch:
+        per_rank -= per_rank % chunk
     total = torch.zeros(2, device=ctx.device, dtype=torch.float64)
     if per_rank > 0:
         mine = val[ctx.dp_rank::ctx.dp_size][:per_rank]
         with engine.eval_mode():
-            for i in range(0, per_rank, ctx.micro_batch):
-                tokens = torch.from_numpy(mine[i:i + ctx.micro_batch].astype(np.int64)).to(ctx.device)
+            for i in range(0, per_rank, chunk):
+                tokens = torch.from_numpy(mine[i:i + chunk].astype(np.int64)).to(ctx.device)
                 total[0] += engine.forward_loss(tokens).double() * len(tokens)
                 total[1] += len(tokens)
-    dist.all_reduce(total)  # replicas along other dimensions add the same loss and count: the mean is unchanged
+    dist.all_reduce(total)  # ranks along other dimensions add the same loss and count: the mean is unchanged
     return float(total[0] / total[1]) if total[1] > 0 else float("nan")

@@ -39,6 +39,20 @@ class RunContext:
     work_dir: str  # per-run scratch (offload files, ...)
     options: dict = field(default_factory=dict)  # this strategy's section of `strategy_options`
     loss_fn: Callable | None = None  # (logits, tokens) -> loss; None: lm_loss (see training.harness)
+    pipeline_schedule: str = "1f1b"  # train.pipeline_schedule, for layouts with pp > 1
+    _mesh: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def mesh(self):
+        """The run's DeviceMesh (named dimensions, training.layout.Layout.mesh), created on first use."""
+        if self._mesh is None:
+            self._mesh = self.layout.mesh(self.device.type)
+        return self._mesh
+
+    @property
+    def dp_group(self):
+        """The data-parallel process group; None for a pure data-parallel run (the default group)."""
+        return None if self.layout.data_only else self.mesh["dp"].get_group()
 
     @property
     def world_size(self) -> int:
@@ -102,4 +116,5 @@ def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int |
                       platform=spec["platform"], layout=layout, precision=policy(spec["precision"]),
                       micro_batch=micro, accum=accum, lr=t["lr"], weight_decay=t["weight_decay"],
                       betas=tuple(t["betas"]), eps=t["eps"], grad_clip=t["grad_clip"], seed=t["seed"],
-                      work_dir=spec["work_dir"], options=options)
+                      work_dir=spec["work_dir"], options=options,
+                      pipeline_schedule=t.get("pipeline_schedule", "1f1b"))

@@ -39,6 +39,7 @@ from workflow_scripts.training.batches import Batches, evaluate, load_data, make
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import RunContext, init_distributed
 from workflow_scripts.training.models import MODELS, count_params, flops_per_token
+from workflow_scripts.training.parallel import build_engine
 from workflow_scripts.training.strategies import get as get_strategy
 from workflow_scripts.training.strategies.base import Engine, Strategy
 
@@ -106,7 +107,7 @@ def setup(spec: dict) -> Run:
     if ctx.rank == 0:
         settings = {**strategy.settings(ctx), "layout": ctx.layout.degrees(), "harness": levers}
         (out_dir / C.SETTINGS).write_text(json.dumps(settings, indent=2, default=str))
-    engine = strategy.build(model, ctx)
+    engine = build_engine(strategy, model, ctx, MODELS[spec["model"]].family)
 
     batches = Batches(blocks, ctx, t["seed"], pin=ctx.device.type == "cuda")
     if batches.steps_per_epoch == 0:
@@ -283,6 +284,8 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
         **M.timing(rows, steps_per_epoch, ctx.world_size, fpt, device_name, run.t["checkpoint_every"]),
         "peak_allocated_bytes": max(g[0] for g in memory) if cuda else None,
         "peak_reserved_bytes": max(g[1] for g in memory) if cuda else None,
+        "peak_allocated_bytes_per_rank": [g[0] for g in memory] if cuda else None,
+        "peak_reserved_bytes_per_rank": [g[1] for g in memory] if cuda else None,
         "peak_host_rss_bytes_per_rank": [g[2] for g in memory],
         "peak_host_rss_bytes": sum(g[2] for g in memory),
         "initial_loss": rows[0]["loss"] if rows else None, "final_loss": rows[-1]["loss"] if rows else None,

@@ -1,7 +1,7 @@
-"""Parallel dimensions, one module per dimension (data.py today; pipeline, tensor, context and expert parallelism
-land here as pipeline.py, tensor.py, context.py, expert.py). Each module defines DIMENSION: its key in a layout
-(training/layout.py), what it does, and `apply(model, ctx)`, which parallelises the model along that dimension
-before the strategy wraps it for the data-parallel dimension.
+"""Parallel dimensions, one module per dimension (data.py, pipeline.py; tensor, context and expert parallelism
+land here as tensor.py, context.py, expert.py). Each module defines DIMENSION: its key in a layout
+(training/layout.py), what it does, how it builds the run's engine around the strategy (which stays the
+data-parallel dimension), and what it needs from the rest of the run (checked before any job starts).
 
 A layout with a degree above one for a dimension that no module implements is refused before any job starts.
 """
@@ -17,7 +17,11 @@ from typing import Callable
 class Dimension:
     key: str  # dp | pp | tp | cp | ep (training.layout.KEY_ORDER)
     description: str
-    apply: Callable | None = None  # (model, ctx) -> dict of settings to record; None: the strategy does it
+    # (strategy, model, ctx, family) -> Engine: builds the run's engine when this degree is above one; None: the
+    # strategy's own engine is the dimension (dp)
+    build: Callable | None = None
+    # (layout, strategy, train settings, where) -> problems: what the dimension needs from the rest of the run
+    problems: Callable | None = None
 
 
 def _discover() -> dict[str, Dimension]:
@@ -30,6 +34,20 @@ def _discover() -> dict[str, Dimension]:
 
 
 DIMENSIONS: dict[str, Dimension] = _discover()
+
+
+def build_engine(strategy, model, ctx, family: str):
+    """The run's engine: the strategy's own (data parallel) unless a model-parallel dimension builds it around
+    the strategy (pipeline stages wrapped by the strategy over the dp ranks)."""
+    for key, dim in DIMENSIONS.items():
+        if dim.build is not None and getattr(ctx.layout, key) > 1:
+            return dim.build(strategy, model, ctx, family)
+    return strategy.build(model, ctx)
+
+
+def run_problems(layout, strategy, train: dict, where: str) -> list[str]:
+    return [p for key, dim in DIMENSIONS.items() if dim.problems is not None and getattr(layout, key) > 1
+            for p in dim.problems(layout, strategy, train, where)]
 
 
 def unimplemented(layout, where: str = "layouts") -> list[str]:

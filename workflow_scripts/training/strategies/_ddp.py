@@ -30,7 +30,8 @@ class DDPEngine(Engine):
             model.to(torch.bfloat16)
         self.model = model
         self.module = DistributedDataParallel(
-            model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None, **ddp_kwargs)
+            model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            process_group=ctx.dp_group, **ddp_kwargs)
         self.optimizer = adamw(self.master if self.master is not None else model.parameters(), ctx)
         self.settings = ddp_settings(ctx, ddp_kwargs)
 
