@@ -59,6 +59,42 @@ def default_study(tmp_path_factory) -> Path:
     return wd
 
 
+def launch_spec(token_data, tmp_path, name, nodes=1, **top) -> Path:
+    """A run spec for workflow_scripts.training.launch (gpt2-tiny, ddp, 4 CPU ranks, 8 steps unless overridden by
+    `top`), written to tmp_path/<name>.json; results go to tmp_path/<name>/out."""
+    train = {"micro_batch_size": 4, "grad_accum": 1, "epochs": 1, "max_steps": 8, "max_train_samples": None,
+             "lr": 1e-3, "min_lr": 1e-4, "lr_warmup_steps": 2, "weight_decay": 0.1, "betas": [0.9, 0.95],
+             "eps": 1e-8, "grad_clip": 1.0, "seed": 7, "timing_warmup_steps": 1, "log_every": 4, "eval_batches": 2,
+             "checkpoint_every": 0, "gradient_checkpointing": False, "vocab_multiple": 64,
+             "attn_implementation": "sdpa", "threads_per_rank": 1, "fault_injection": {}}
+    train.update(top.pop("train", {}))
+    s = {"run_id": name, "study": "tests", "model": "gpt2-tiny", "strategy": "ddp", "world_size": 4,
+         "repeat": 0, "nodes": nodes, "platform": "cpu", "precision": "fp32", "train": train, "options": {},
+         "sampler": {"backend": "host", "interval_s": 0.1}, "ops": [], "data": {k: token_data[k] for k in
+                                                                                ("train", "val", "manifest")},
+         "torch_extensions_dir": str(tmp_path / "ext"), "out_dir": str(tmp_path / name / "out"),
+         "work_dir": str(tmp_path / name / "work"), **top}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(s))
+    return path
+
+
+def run_layout(token_data, tmp_path, name, model, strategy, layout, **train) -> tuple[dict, list[float]]:
+    """One run of `layout` through the launcher; its summary and per-step losses."""
+    import pandas as pd
+
+    world = 1
+    for degree in layout.values():
+        world *= degree
+    path = launch_spec(token_data, tmp_path, name, model=model, strategy=strategy, layout=layout, world_size=world,
+                       train={"grad_accum": 2, "max_steps": 6, **train})
+    done = subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / name / "out"
+    return json.loads((out / "summary.json").read_text()), pd.read_csv(out / "metrics.csv").loss.tolist()
+
+
 def overlay(wd: Path, name: str, **cfg) -> list[str]:
     """--configfile arguments: config.yaml, then an overlay written from keyword arguments."""
     import yaml

@@ -10,7 +10,7 @@ import sys
 import pandas as pd
 import pytest
 
-from conftest import REPO
+from conftest import REPO, launch_spec
 
 
 def free_port() -> int:
@@ -20,20 +20,7 @@ def free_port() -> int:
 
 
 def spec(token_data, tmp_path, name, nodes):
-    train = {"micro_batch_size": 4, "grad_accum": 1, "epochs": 1, "max_steps": 8, "max_train_samples": None,
-             "lr": 1e-3, "min_lr": 1e-4, "lr_warmup_steps": 2, "weight_decay": 0.1, "betas": [0.9, 0.95],
-             "eps": 1e-8, "grad_clip": 1.0, "seed": 7, "timing_warmup_steps": 1, "log_every": 4, "eval_batches": 2,
-             "checkpoint_every": 0, "gradient_checkpointing": False, "vocab_multiple": 64,
-             "attn_implementation": "sdpa", "threads_per_rank": 1, "fault_injection": {}}
-    s = {"run_id": name, "study": "multinode", "model": "gpt2-tiny", "strategy": "ddp", "world_size": 4,
-         "repeat": 0, "nodes": nodes, "platform": "cpu", "precision": "fp32", "train": train, "options": {},
-         "sampler": {"backend": "host", "interval_s": 0.1}, "ops": [], "data": {k: token_data[k] for k in
-                                                                                ("train", "val", "manifest")},
-         "torch_extensions_dir": str(tmp_path / "ext"), "out_dir": str(tmp_path / name / "out"),
-         "work_dir": str(tmp_path / name / "work")}
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(s))
-    return path
+    return launch_spec(token_data, tmp_path, name, nodes, study="multinode")
 
 
 def launch(path, *extra):

@@ -8,30 +8,10 @@ lr x sign-like for them), so later losses agree to 5e-3, validation losses to 5e
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-import pandas as pd
 import pytest
 
-from conftest import REPO
-from test_multinode import spec as base_spec
-
-
-def run(token_data, tmp_path, name, model, strategy, layout) -> tuple[dict, list[float]]:
-    path = base_spec(token_data, tmp_path, name, 1)
-    s = json.loads(path.read_text())
-    world = 1
-    for degree in layout.values():
-        world *= degree
-    s.update(model=model, strategy=strategy, layout=layout, world_size=world)
-    s["train"].update(grad_accum=2, max_steps=6)
-    path.write_text(json.dumps(s))
-    done = subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = tmp_path / name / "out"
-    return json.loads((out / "summary.json").read_text()), pd.read_csv(out / "metrics.csv").loss.tolist()
+from conftest import run_layout as run
 
 
 @pytest.mark.parametrize("model, strategy", [("gpt2-tiny", "ddp"), ("qwen2-tiny", "fsdp")])
@@ -56,6 +36,6 @@ def test_pipeline_layouts_refuse_what_they_cannot_run():
     layout = Layout(dp=2, pp=2)
     assert run_problems(layout, STRATEGIES["ddp"], {"grad_accum": 2}, "layouts[0]") == []
     (zero,) = run_problems(layout, STRATEGIES["zero2"], {"grad_accum": 2}, "layouts[0]")
-    assert zero.startswith("layouts[0].pp: 2 stages with strategy zero2")
+    assert zero.startswith("layouts[0]: dp2-pp2 with strategy zero2: model-parallel layouts compose")
     (accum,) = run_problems(layout, STRATEGIES["ddp"], {"grad_accum": 1}, "layouts[0]")
     assert "train.grad_accum (the pipeline's micro-batches) >= 2" in accum

@@ -11,12 +11,11 @@ import sys
 import pandas as pd
 import pytest
 
-from conftest import REPO
-from test_multinode import spec as multinode_spec
+from conftest import REPO, launch_spec
 
 
 def run_spec(token_data, tmp_path, name, work, **train):
-    path = multinode_spec(token_data, tmp_path, name, 1)
+    path = launch_spec(token_data, tmp_path, name)
     s = json.loads(path.read_text())
     s.update(world_size=2, work_dir=str(tmp_path / work))
     s["train"].update(max_steps=12, checkpoint_every=4, log_every=2, **train)

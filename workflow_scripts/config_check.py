@@ -13,7 +13,7 @@ from pathlib import Path
 from workflow_scripts import study
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
-from workflow_scripts.training.parallel import run_problems, unimplemented
+from workflow_scripts.training.parallel import model_problems, run_problems, unimplemented
 from workflow_scripts.training.strategies import STRATEGIES
 
 
@@ -168,6 +168,7 @@ def layout_problems(config: dict) -> list[str]:
                 continue
             out += [p for m in g["models"] if m in MODELS for p in layout.problems(MODELS[m], f"{where}[{j}]")]
             out += unimplemented(layout, f"{where}[{j}]")
+            out += [p for m in g["models"] for p in model_problems(layout, m, f"{where}[{j}]")]
             train = {**config["train"], **g.get("train", {})}
             out += [p for s in g["strategies"] if s in STRATEGIES
                     for p in run_problems(layout, STRATEGIES[s], train, f"{where}[{j}]")]

@@ -17,11 +17,15 @@ from typing import Callable
 class Dimension:
     key: str  # dp | pp | tp | cp | ep (training.layout.KEY_ORDER)
     description: str
-    # (strategy, model, ctx, family) -> Engine: builds the run's engine when this degree is above one; None: the
-    # strategy's own engine is the dimension (dp)
+    # (model, ctx, family) -> None: parallelises the model in place (before any engine wraps it)
+    apply: Callable | None = None
+    # (strategy, model, ctx, family) -> Engine: builds the run's engine around the strategy (pipeline stages)
     build: Callable | None = None
     # (layout, strategy, train settings, where) -> problems: what the dimension needs from the rest of the run
     problems: Callable | None = None
+    # (layout, model name, where) -> problems: what the dimension needs from the model (beyond training.layout's
+    # divisibility checks)
+    model_problems: Callable | None = None
 
 
 def _discover() -> dict[str, Dimension]:
@@ -37,17 +41,30 @@ DIMENSIONS: dict[str, Dimension] = _discover()
 
 
 def build_engine(strategy, model, ctx, family: str):
-    """The run's engine: the strategy's own (data parallel) unless a model-parallel dimension builds it around
-    the strategy (pipeline stages wrapped by the strategy over the dp ranks)."""
-    for key, dim in DIMENSIONS.items():
-        if dim.build is not None and getattr(ctx.layout, key) > 1:
+    """The run's engine, in a fixed order: dimensions that transform the model in place (`apply`: tensor, ...)
+    first, then the one that builds an engine around the strategy (`build`: pipeline stages), else the
+    data-parallel dimension: the strategy's own engine, or its model-parallel form (parallel/data.py)."""
+    from workflow_scripts.training.parallel.data import data_parallel_engine
+
+    active = [dim for key, dim in DIMENSIONS.items() if key != "dp" and getattr(ctx.layout, key) > 1]
+    for dim in active:
+        if dim.apply is not None:
+            dim.apply(model, ctx, family)
+    for dim in active:
+        if dim.build is not None:
             return dim.build(strategy, model, ctx, family)
-    return strategy.build(model, ctx)
+    return strategy.build(model, ctx) if ctx.layout.data_only else data_parallel_engine(strategy, model, ctx)
 
 
 def run_problems(layout, strategy, train: dict, where: str) -> list[str]:
-    return [p for key, dim in DIMENSIONS.items() if dim.problems is not None and getattr(layout, key) > 1
+    """What the layout's dimensions need from the rest of the run (strategy, train settings)."""
+    return [p for key, dim in DIMENSIONS.items() if dim.problems is not None and (key == "dp" or getattr(layout, key) > 1)
             for p in dim.problems(layout, strategy, train, where)]
+
+
+def model_problems(layout, model_name: str, where: str) -> list[str]:
+    return [p for key, dim in DIMENSIONS.items() if dim.model_problems is not None and getattr(layout, key) > 1
+            for p in dim.model_problems(layout, model_name, where)]
 
 
 def unimplemented(layout, where: str = "layouts") -> list[str]:

@@ -3,10 +3,7 @@
 The model is cut into `pp` stages of consecutive transformer blocks (the first also holds the embeddings, the last
 the final norm and the LM head); each rank builds the whole model from the same seed and keeps its stage, so every
 stage starts from exactly the weights of the 1D run. The data-parallel dimension wraps each stage over the ranks of
-`mesh["dp"]`: the fsdp strategy shards it (FSDP2 `fully_shard` per block + stage); the ddp family replicates it
-with torch's composable `replicate` (DDP semantics on FSDP2's machinery: `DistributedDataParallel`'s reducer does
-not reduce a stage whose micro-batch forwards precede their backwards, measured here: dp ranks kept different
-gradients), so DDP's bucket options do not apply to pipeline layouts. DeepSpeed strategies are refused for them.
+`mesh["dp"]` (training/parallel/data.py: FSDP2 for fsdp, composable `replicate` for the ddp family).
 
 One optimizer step runs the schedule once over this data-parallel rank's `grad_accum` micro-batches (the pipeline's
 micro-batches: set `train.grad_accum` >= pp to fill the pipeline), with the loss scaled by 1/micro-batches as the 1D
@@ -26,11 +23,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workflow_scripts.training.grad_norm import clip_, local
 from workflow_scripts.training.parallel import Dimension
-from workflow_scripts.training.strategies.base import Engine, adamw, adamw_settings, batch_settings, lm_loss
+from workflow_scripts.training.parallel.data import data_parallel_engine
+from workflow_scripts.training.strategies.base import Engine, lm_loss
 
 SCHEDULES = ("1f1b", "gpipe")
-FAMILIES = ("ddp", "fsdp")  # strategy families that compose with pipeline stages
 
 
 def stage_layers(n_layer: int, pp: int, stage: int) -> range:
@@ -74,10 +72,6 @@ class Stage(nn.Module):
         return self.head(self.norm(h)) if self.last else h
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def tied_groups(layout, rank: int):
     """The group of this rank's first and last stage (same coordinates in every other dimension), for the tied
     embedding; every rank creates every group, in the same order (dist.new_group's contract)."""
@@ -94,31 +88,6 @@ def tied_groups(layout, rank: int):
         if rank in peers:
             mine = group
     return mine
-
-
-class ReplicatedStage(Engine):
-    """The ddp family's data-parallel dimension for a pipeline stage: composable `replicate` over mesh["dp"]
-    (gradients all-reduced once per schedule, at the last micro-batch's backward) + torch AdamW."""
-
-    def __init__(self, stage: nn.Module, ctx):
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        super().__init__(ctx)
-        stage.to(ctx.device)
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
-            if ctx.precision.bf16_params else MixedPrecisionPolicy()
-        self.module = replicate(stage, mesh=ctx.mesh["dp"], mp_policy=mp)
-        self.optimizer = adamw(stage.parameters(), ctx)
-        self.settings = {"engine": "torch.distributed._composable.replicate_with_fsdp.replicate (per stage)",
-                         "mixed_precision_policy": "bf16 params and reduce" if ctx.precision.bf16_params else None,
-                         **batch_settings(ctx), "optimizer": adamw_settings(ctx)}
-
-    def optimizer_step(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
 
 class PipelineEngine(Engine):
@@ -187,13 +156,9 @@ class PipelineEngine(Engine):
         if self.tied is not None:
             weight = (self.stage_module.embed if self.stage_module.first else self.stage_module.head).weight
             if weight.grad is not None:  # the same rows on both stages (replicated, or sharded alike over dp)
-                dist.all_reduce(_local(weight.grad), group=self.tied)
-        if self.ctx.grad_clip:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(
-                (), device=self.ctx.device)
-            squared = _local(norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float().pow(2)
-            dist.all_reduce(squared, group=self.pp_group)  # the norm over every stage, as the 1D run clips
-            torch.nn.utils.clip_grads_with_norm_(params, self.ctx.grad_clip, squared.sqrt())
+                dist.all_reduce(local(weight.grad), group=self.tied)
+        if self.ctx.grad_clip:  # the norm over every stage, as the 1D run clips
+            clip_(params, self.ctx.grad_clip, groups=(self.pp_group,))
         self.inner.optimizer_step(lr)
 
     def eval_mode(self):
@@ -215,17 +180,13 @@ def build(strategy, model: nn.Module, ctx, family: str) -> PipelineEngine:
     tied = bool(getattr(model.config, "tie_word_embeddings", False))  # and so must the two end stages be
     stage = Stage(model, family, layers, first=coords["pp"] == 0, last=coords["pp"] == ctx.layout.pp - 1, tied=tied)
     ctx.mesh  # created once, shared with the inner engine's copy of the context
-    inner_ctx = dataclasses.replace(ctx, grad_clip=0.0)
-    inner = strategy.build(stage, inner_ctx) if strategy.family == "fsdp" else ReplicatedStage(stage, inner_ctx)
+    inner = data_parallel_engine(strategy, stage, dataclasses.replace(ctx, grad_clip=0.0))
     return PipelineEngine(inner, stage, ctx, ctx.pipeline_schedule)
 
 
 def problems(layout, strategy, train: dict, where: str) -> list[str]:
     """What a pipeline layout needs from the rest of the run."""
     out = []
-    if strategy.family not in FAMILIES:
-        out.append(f"{where}.pp: {layout.pp} stages with strategy {strategy.name}: pipeline layouts compose with "
-                   f"the {', '.join(FAMILIES)} family only for now")
     if train.get("grad_accum", 1) < layout.pp:
         out.append(f"{where}.pp: {layout.pp} stages need train.grad_accum (the pipeline's micro-batches) >= "
                    f"{layout.pp}, got {train.get('grad_accum', 1)}")

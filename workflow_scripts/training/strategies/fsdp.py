@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from workflow_scripts.training.grad_norm import clip_
 from workflow_scripts.training.models import transformer_blocks
 from workflow_scripts.training.strategies.base import Engine, Strategy, adamw, adamw_settings, batch_settings
 
@@ -53,8 +54,10 @@ class FSDPEngine(Engine):
         (loss / self.ctx.accum).backward()
 
     def optimizer_step(self, lr: float) -> None:
-        if self.ctx.grad_clip:
+        if self.ctx.grad_clip and self.ctx.layout.data_only:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.ctx.grad_clip)
+        elif self.ctx.grad_clip:  # tensor-parallel DTensors on another mesh than the replicated ones
+            clip_(self.module.parameters(), self.ctx.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
