@@ -159,6 +159,11 @@ def ranks_word(world_size: int, platform: str) -> str:
     return f"{world_size} {unit}{'' if world_size == 1 else 's'}"
 
 
+def data_parallel(row) -> bool:
+    """A pure data-parallel layout (key ws<N>)."""
+    return row["layout"] == f"ws{int(row['world_size'])}"
+
+
 def layout_word(layout: str, world_size: int, platform: str) -> str:
     """'2 CPU ranks' for a pure data-parallel layout, 'dp2-pp2 (4 GPUs)' for others."""
     ranks = ranks_word(world_size, platform)
@@ -224,7 +229,8 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     table["n_params"] = table["n_params"].fillna(table["model"].map(model_params))
     models = {m: i for i, m in enumerate(model_order(runs))}
     order = sorted(range(len(table)), key=lambda i: (models[table.at[i, "model"]], table.at[i, "world_size"],
-                                                     table.at[i, "layout"], strategy_rank(table.at[i, "strategy"])))
+                                                     not data_parallel(table.loc[i]), table.at[i, "layout"],
+                                                     strategy_rank(table.at[i, "strategy"])))
     return table.iloc[order].reset_index(drop=True)
 
 
@@ -286,7 +292,7 @@ def metric_cells(row, unit: tuple[str, float], pm: str, mark) -> list[str]:
 
 def row_cells(row, unit, pm: str, mark) -> list[str]:
     status = row["status"] + (f" ({row['status_detail']})" if row["status_detail"] else "")
-    strategy = row["strategy"] + ("" if row["layout"] == f"ws{row['world_size']}" else f" ({row['layout']})")
+    strategy = row["strategy"] + ("" if data_parallel(row) else f" ({row['layout']})")
     return [strategy, row["model"], fmt_params(row["n_params"]), fmt_int(row["world_size"]),
             fmt_int(row["effective_batch"]), fmt_int(row["epochs"]), fmt_int(row["train_samples"]),
             *metric_cells(row, unit, pm, mark), f"{row['n_ok']}/{row['n_runs']}", status]
@@ -337,7 +343,7 @@ def write_markdown(summary: pd.DataFrame, path: Path, link_base: Path) -> None:
     lines = ["# Summary", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, row in summary.iterrows():
         cells = [md_escape(c) for c in row_cells(row, unit, " ± ", lambda m: f" ({m})")]
-        cells[0], cells[1] = f"`{row['strategy']}`", f"`{row['model']}`"
+        cells[0], cells[1] = f"`{row['strategy']}`" + cells[0][len(row["strategy"]):], f"`{row['model']}`"
         links = " ".join(f"[{label}]({target})" for label, target in provenance_links(row, link_base, path.parent))
         lines.append("| " + " | ".join(cells + [links or "–"]) + " |")
     if summary.empty:
