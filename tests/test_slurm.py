@@ -144,10 +144,10 @@ def test_training_runs_record_their_slurm_job(slurm_run, slurm_cluster):  # noqa
         model, strategy, layout, repeat = run.parts[-4], run.parts[-3], run.parts[-2], run.parts[-1][1:]
         assert job["Comment"] == f"rule_train_wildcards_{model}_{strategy}_{layout}_{repeat}"
         assert job["JobState"] == "COMPLETED" and job["Partition"] == slurm_cluster.partition
-        assert job["CPUs/Task"] == world  # the rule's threads (= world size on CPU) became --cpus-per-task
+        assert job["CPUs/Task"] == layout.removeprefix("ws")  # the rule's threads (= ranks on CPU): --cpus-per-task
         assert job["NumTasks"] == "1"  # one torchrun launcher
         assert job["OverSubscribe"] == "NO"  # the profile's --exclusive: a timed run never shares its node
-        assert (wd / f".snakemake/slurm_logs/rule_train/{model}_{strategy}_{world}_{repeat}/{job_id}.log").exists()
+        assert (wd / f".snakemake/slurm_logs/rule_train/{model}_{strategy}_{layout}_{repeat}/{job_id}.log").exists()
     assert len(ids) == len(runs), "every run is its own SLURM job"
 
 

@@ -12,7 +12,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def total_norm(params, groups=()) -> torch.Tensor:
+def total_norm(params, groups=(), device=None) -> torch.Tensor:
     """The 2-norm of all gradients: per mesh, torch's own norm (a DTensor norm made whole); squares summed, then
     summed over `groups` (process groups holding the other parts of the model)."""
     by_mesh: dict = {}
@@ -25,16 +25,16 @@ def total_norm(params, groups=()) -> torch.Tensor:
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         squared = norm.float() ** 2 if squared is None else squared + norm.float() ** 2
     if squared is None:
-        squared = torch.zeros((), device=torch.device("cpu"))
+        squared = torch.zeros((), device=device)  # a stage without gradients still joins the sum
     for group in groups:
         dist.all_reduce(squared, group=group)
     return squared.sqrt()
 
 
-def clip_(params, max_norm: float, groups=()) -> torch.Tensor:
+def clip_(params, max_norm: float, groups=(), device=None) -> torch.Tensor:
     """Scale gradients in place so that their total norm is at most max_norm (torch's clip arithmetic)."""
     params = [p for p in params if p.grad is not None]
-    norm = total_norm(params, groups)
+    norm = total_norm(params, groups, device)
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     with torch.no_grad():
         for p in params:

@@ -17,22 +17,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workflow_scripts.training.grad_norm import clip_
 from workflow_scripts.training.parallel import Dimension
 from workflow_scripts.training.strategies.base import Engine, adamw, adamw_settings, batch_settings
+from workflow_scripts.training.strategies.fsdp import FSDPEngine
 
 FAMILIES = ("ddp", "fsdp")  # strategy families that compose with model-parallel dimensions
 
 
-class ReplicatedEngine(Engine):
+class ReplicatedEngine(FSDPEngine):
     """The ddp family's data-parallel dimension of a model-parallel layout: composable `replicate` over
-    mesh["dp"] (gradients all-reduced once per optimizer step) + torch AdamW."""
+    mesh["dp"] (gradients all-reduced once per optimizer step) + torch AdamW. Steps, gradient sync and
+    checkpoints as FSDP2's engine (the same composable machinery)."""
 
-    def __init__(self, model: nn.Module, ctx):
+    def __init__(self, model: nn.Module, ctx):  # noqa: super-init-not-called: no fully_shard here
         from torch.distributed._composable.replicate_with_fsdp import replicate
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        super().__init__(ctx)
+        Engine.__init__(self, ctx)
         model.to(ctx.device)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
             if ctx.precision.bf16_params else MixedPrecisionPolicy()
@@ -42,20 +43,6 @@ class ReplicatedEngine(Engine):
                          "mixed_precision_policy": "bf16 params and reduce" if ctx.precision.bf16_params else None,
                          **batch_settings(ctx), "optimizer": adamw_settings(ctx)}
 
-    def micro_step(self, last: bool):
-        self.module.set_requires_gradient_sync(last)
-        return super().micro_step(last)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss / self.ctx.accum).backward()
-
-    def optimizer_step(self, lr: float) -> None:
-        if self.ctx.grad_clip:
-            clip_(self.module.parameters(), self.ctx.grad_clip)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
 
 def data_parallel_engine(strategy, model: nn.Module, ctx) -> Engine:

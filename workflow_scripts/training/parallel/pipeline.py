@@ -28,9 +28,6 @@ from workflow_scripts.training.parallel import Dimension
 from workflow_scripts.training.parallel.data import data_parallel_engine
 from workflow_scripts.training.strategies.base import Engine, lm_loss
 
-SCHEDULES = ("1f1b", "gpipe")
-
-
 def stage_layers(n_layer: int, pp: int, stage: int) -> range:
     """Consecutive blocks of one stage; the first `n_layer % pp` stages take one more."""
     base, extra = divmod(n_layer, pp)
@@ -158,7 +155,7 @@ class PipelineEngine(Engine):
             if weight.grad is not None:  # the same rows on both stages (replicated, or sharded alike over dp)
                 dist.all_reduce(local(weight.grad), group=self.tied)
         if self.ctx.grad_clip:  # the norm over every stage, as the 1D run clips
-            clip_(params, self.ctx.grad_clip, groups=(self.pp_group,))
+            clip_(params, self.ctx.grad_clip, groups=(self.pp_group,), device=self.ctx.device)
         self.inner.optimizer_step(lr)
 
     def eval_mode(self):
