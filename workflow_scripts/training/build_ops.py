@@ -8,6 +8,8 @@ the launcher turns a failed op into an `unsupported` row for the strategies that
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import time
@@ -62,6 +64,22 @@ def needed_ops(strategy: str, platform: str) -> list[str]:
     return comm + list(s.ops)
 
 
+@contextlib.contextmanager
+def exclusive_build(name: str):
+    """One build of an op at a time on this machine, and no stale lock: torch's JIT build waits forever on the
+    `lock` file a killed build left in the op's directory (seen here after a killed test run, with the shared op
+    cache). Our flock is released by the kernel when its holder dies, so under it a torch lock can only be stale."""
+    ext = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not ext:
+        yield
+        return
+    (Path(ext) / name).mkdir(parents=True, exist_ok=True)
+    with open(Path(ext) / f".{name}.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (Path(ext) / name / "lock").unlink(missing_ok=True)
+        yield
+
+
 def build(op: str) -> dict:
     started = time.perf_counter()
     try:
@@ -73,7 +91,8 @@ def build(op: str) -> dict:
         if not builder.is_compatible(verbose=False):
             raise RuntimeError(f"DeepSpeed {op} is not compatible with this machine "
                                f"({get_accelerator().device_name()} accelerator; e.g. libaio missing for async_io)")
-        builder.load(verbose=False)
+        with exclusive_build(builder.name):
+            builder.load(verbose=False)
         return {"ok": True, "seconds": time.perf_counter() - started, "error": None}
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the study goes on
         traceback.print_exc()
