@@ -22,8 +22,9 @@ from workflow_scripts.training.strategies import get as get_strategy
 def extensions_dir(setting: str | None, platform: str) -> str:
     """Where compiled ops live. `auto` (the default): one cache per machine and toolchain, shared by every clone and
     study, `$PIPELINE_CACHE` or `$XDG_CACHE_HOME`/`~/.cache` + `/dist-train-studies/torch_extensions/<key>`; the key
-    names torch, DeepSpeed, Python, the platform and a hash of the C++ compiler's version, so an op built by another
-    toolchain is never loaded (torch's own loader also rebuilds an op whose sources or flags changed)."""
+    names torch, DeepSpeed, Python, the platform and a hash of the C++ compiler's version and the environment's
+    prefix, so an op built by another toolchain is never loaded (torch's own loader also rebuilds an op whose
+    sources or flags changed)."""
     if setting and setting != "auto":
         return setting
     import hashlib
@@ -41,8 +42,12 @@ def extensions_dir(setting: str | None, platform: str) -> str:
         compiler = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=10).stdout
     except OSError:
         compiler = "none"
+    import sys
+
+    # the environment's prefix too: two virtual environments of one Python compile with other include paths,
+    # which torch's loader would answer by rebuilding the op in place, back and forth
     key = (f"torch{version('torch')}-ds{version('deepspeed')}-py{py.python_version()}-{platform}-"
-           + hashlib.sha256(compiler.encode()).hexdigest()[:8]).replace("+", "_")
+           + hashlib.sha256((compiler + sys.prefix).encode()).hexdigest()[:8]).replace("+", "_")
     base = os.environ.get("PIPELINE_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dist-train-studies")
     return os.path.join(base, "torch_extensions", key)
