@@ -18,7 +18,7 @@ from conftest import REPO, snakemake
 def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
     wd = default_study
     cfg = yaml.safe_load((REPO / f"studies/{study}.yaml").read_text())
-    results, work = f"results/cpu_{study}", cfg["work_dir"]
+    results = f"results/cpu_{study}"
     (wd / f"cpu_{study}.yaml").write_text(yaml.safe_dump({"results_dir": results, **extra}))
     snakemake(wd, "--configfile", f"studies/{study}.yaml", "studies/cpu_override.yaml", f"cpu_{study}.yaml")
     runs = pd.read_csv(wd / results / "tables/runs.csv")

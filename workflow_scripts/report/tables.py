@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.columns import GROUP_KEYS, STEP_COLUMNS, VRAM_COLUMNS
+from workflow_scripts.columns import GROUP_KEYS
 from workflow_scripts.report.stats import ALPHA, compare, mean_ci
 
 # ---------------------------------------------------------------- input contract (written by the parse stage)

@@ -63,9 +63,9 @@ class Batches:
 def evaluate(engine, val: np.ndarray, ctx: RunContext, samples: int) -> float:
     """Mean next-token loss over the same validation blocks for every strategy (`samples` per data-parallel rank,
     read in chunks of the strategy's micro-batch), averaged over ranks."""
-    chunk = getattr(engine, "eval_chunk", ctx.micro_batch)  # a pipeline evaluates whole schedules
+    chunk = engine.eval_chunk
     per_rank = min(samples, len(val) // ctx.dp_size)
-    if chunk != ctx.micro_batch:
+    if chunk != ctx.micro_batch:  # whole chunks only where the engine cannot take a short one (a pipeline)
         per_rank -= per_rank % chunk
     total = torch.zeros(2, device=ctx.device, dtype=torch.float64)
     if per_rank > 0:

@@ -77,6 +77,11 @@ class Engine:
         marks["end"] = clock.mark()
         return loss_sum / self.ctx.accum, marks
 
+    @property
+    def eval_chunk(self) -> int:
+        """Validation samples per forward_loss call (a pipeline evaluates whole schedules)."""
+        return self.ctx.micro_batch
+
     def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
         with self.ctx.precision.autocast(self.ctx.device.type):
             logits = self.module(input_ids=tokens).logits
