@@ -90,9 +90,9 @@ def run_layout(token_data, tmp_path, name, model, strategy, layout, **train) -> 
     key = (model, strategy, json.dumps(layout, sort_keys=True), json.dumps(train, sort_keys=True))
     if key in _LAYOUT_RUNS:
         return _LAYOUT_RUNS[key]
-    world = 1
-    for degree in layout.values():
-        world *= degree
+    from workflow_scripts.training.layout import Layout
+
+    world = Layout(**layout).world_size
     path = launch_spec(token_data, tmp_path, name, model=model, strategy=strategy, layout=layout, world_size=world,
                        train={"grad_accum": 2, "max_steps": 6, **train})
     done = subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)], cwd=REPO,

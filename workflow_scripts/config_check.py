@@ -166,7 +166,9 @@ def layout_problems(config: dict) -> list[str]:
             except ValueError as exc:
                 out.append(str(exc))
                 continue
-            out += [p for m in g["models"] if m in MODELS for p in layout.problems(MODELS[m], f"{where}[{j}]")]
+            block = (config.get("data") or {}).get("block_size")
+            out += [p for m in g["models"] if m in MODELS
+                    for p in layout.problems(MODELS[m], f"{where}[{j}]", block)]
             out += unimplemented(layout, f"{where}[{j}]")
             out += [p for m in g["models"] for p in model_problems(layout, m, f"{where}[{j}]")]
             train = {**config["train"], **g.get("train", {})}

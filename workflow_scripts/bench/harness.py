@@ -58,25 +58,43 @@ def _write_spec(spec: dict) -> Path:
     return path
 
 
-def run_ours(spec: dict) -> dict:
-    path = _write_spec(spec)
-    proc = subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)])
-    summary = Path(spec["out_dir"]) / "summary.json"
-    if proc.returncode != 0 or not summary.exists():
-        return {"status": "failed", "reason": f"launch exit code {proc.returncode}"}
+def _run_logged(cmd: list[str], log: Path, env=None) -> tuple[int, str]:
+    """Run a command with its output in `log` (and echoed into the job's log); on failure, its last lines."""
+    print(" ".join(cmd), flush=True)
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    text = log.read_text(errors="replace")
+    print(text, flush=True)
+    tail = "" if proc.returncode == 0 else " | ".join(text.strip().splitlines()[-8:])
+    return proc.returncode, tail
+
+
+def _outcome(code: int, tail: str, summary: Path, what: str) -> dict:
+    if code != 0 or not summary.exists():
+        return {"status": "failed", "reason": f"{what} exit code {code}: {tail}"}
     return json.loads(summary.read_text())
 
 
-def run_trainer(spec: dict) -> dict:
+def run_ours(spec: dict) -> dict:
+    path = _write_spec(spec)
+    code, tail = _run_logged([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)],
+                             path.parent / "launch.log")
+    return _outcome(code, tail, Path(spec["out_dir"]) / "summary.json", "launch")
+
+
+def run_trainer(spec: dict, attempts: int = 2) -> dict:
+    """The Trainer baseline; a failed attempt is retried once (it starts from scratch: no checkpoint) and the
+    attempts are recorded, the failed one's output kept in trainer.attempt<N>.log."""
     path = _write_spec(spec)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec['world_size']}",
            "-m", "workflow_scripts.bench.trainer", "--spec", str(path)]
-    print("trainer:", " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, env=environment(spec))
-    summary = Path(spec["out_dir"]) / "trainer_summary.json"
-    if proc.returncode != 0 or not summary.exists():
-        return {"status": "failed", "reason": f"trainer exit code {proc.returncode}"}
-    return json.loads(summary.read_text())
+    for attempt in range(1, attempts + 1):
+        code, tail = _run_logged(cmd, path.parent / f"trainer.attempt{attempt}.log", env=environment(spec))
+        result = _outcome(code, tail, Path(spec["out_dir"]) / "trainer_summary.json", "trainer")
+        if result.get("status") == "ok":
+            break
+        print(f"trainer attempt {attempt} failed: {result['reason']}", flush=True)
+    return {**result, "attempts": attempt}
 
 
 def _gib(x):
@@ -88,7 +106,8 @@ def lever_row(name: str, overrides: dict, s: dict, repeat: int) -> dict:
             "status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"), "mfu": s.get("mfu"),
             "step_time_s": s.get("step_time_median_s"),
             "peak_allocated_gib": _gib(s.get("peak_allocated_bytes")), "final_loss": s.get("final_loss"),
-            "micro_batch": s.get("micro_batch"), "vocab_size": s.get("vocab_size"), "precision": s.get("precision")}
+            "micro_batch": s.get("micro_batch"), "vocab_size": s.get("vocab_size"), "precision": s.get("precision"),
+            "reason": s.get("reason")}
 
 
 def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
@@ -128,6 +147,8 @@ def run_comparison(config: dict, out: Path, save=lambda df: None) -> pd.DataFram
                 "trainer_peak_allocated_gib": _gib(t.get("peak_allocated_bytes")),
                 "ours_final_loss": o.get("final_loss"), "trainer_final_loss": t.get("final_loss"),
                 "effective_batch": o.get("effective_batch", t.get("effective_batch")),
+                "trainer_attempts": t.get("attempts"), "ours_reason": o.get("reason"),
+                "trainer_reason": t.get("reason"),
             })
     df = pd.DataFrame(rows)
     if not df.empty:

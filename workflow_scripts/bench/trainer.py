@@ -7,7 +7,9 @@ The run spec is the one our trainer gets (workflow_scripts.study.run_spec). From
 entry, same embedding rows), micro-batch, accumulation and effective batch, learning-rate schedule (linear
 warm-up, cosine), AdamW hyper-parameters, gradient clipping, sequence length, steps. Strategy settings:
   deepspeed family -> `TrainingArguments(deepspeed=<the exact DeepSpeed JSON our strategy builds>)`;
-  fsdp             -> `fsdp="full_shard auto_wrap"`, FSDP2, one unit per transformer block, reshard after forward;
+  fsdp             -> `fsdp="full_shard auto_wrap"`, FSDP2, one unit per transformer block, reshard after forward
+                      (on CPU ranks accelerate has no FSDP and the Trainer trains with DDP: recorded as
+                      settings.trainer_fsdp_active);
   ddp              -> torchrun's DDP, as the Trainer does by itself.
 Precision: `bf16=True` for the bf16 policies, which is autocast for DDP, DeepSpeed's bf16 mode and FSDP2's
 bf16 MixedPrecisionPolicy (what Trainer/accelerate choose); workflow_scripts.bench.harness gives our runs the
@@ -148,7 +150,8 @@ def run(spec: dict) -> dict | None:
         "peak_allocated_bytes": peak[0].item() if cuda else None,
         "peak_reserved_bytes": peak[1].item() if cuda else None,
         "final_loss": losses[-1] if losses else None, "losses": losses,
-        "settings": recorded, "transformers_version": TRANSFORMERS_VERSION,
+        "settings": {**recorded, "trainer_fsdp_active": trainer.is_fsdp_enabled},
+        "transformers_version": TRANSFORMERS_VERSION,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "trainer_summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -39,8 +39,11 @@ class RunContext:
     work_dir: str  # per-run scratch (offload files, ...)
     options: dict = field(default_factory=dict)  # this strategy's section of `strategy_options`
     loss_fn: Callable | None = None  # (logits, tokens) -> loss; None: lm_loss (see training.harness)
+    # (module, tokens, ctx) -> loss: set by a parallel dimension that changes what a rank's forward sees (cp)
+    forward_loss: Callable | None = None
     pipeline_schedule: str = "1f1b"  # train.pipeline_schedule, for layouts with pp > 1
     _mesh: object = field(default=None, repr=False, compare=False)
+    _data_mesh: object = field(default=None, repr=False, compare=False)
 
     @property
     def mesh(self):
@@ -48,6 +51,20 @@ class RunContext:
         if self._mesh is None:
             self._mesh = self.layout.mesh(self.device.type)
         return self._mesh
+
+    @property
+    def data_mesh(self):
+        """The mesh the data-parallel dimension (DDP's replicate, FSDP2) runs over: mesh["dp"], or dp x cp
+        flattened when the sequence is split (those ranks hold different tokens of the same parameters)."""
+        if self.layout.cp == 1:
+            return self.mesh["dp"]
+        if self._data_mesh is None:
+            self._data_mesh = self.mesh["dp", "cp"]._flatten("dp_cp")
+        return self._data_mesh
+
+    @property
+    def backend(self) -> str:
+        return "gloo" if self.device.type == "cpu" else "nccl"
 
     @property
     def dp_group(self):
@@ -87,9 +104,8 @@ def init_distributed(spec: dict) -> RunContext:
     import torch.distributed as dist
 
     rank, local_rank, world, local_world, device = process_env(spec["platform"])
-    dist.init_process_group(backend="gloo" if device.type == "cpu" else "nccl",
-                            device_id=device if device.type == "cuda" else None)
     ctx = from_spec(spec, rank, local_rank, local_world, device)
+    dist.init_process_group(backend=ctx.backend, device_id=device if device.type == "cuda" else None)
     if ctx.world_size != world:
         raise ValueError(f"layout {ctx.layout.key} needs {ctx.world_size} ranks, torchrun started {world}")
     return ctx

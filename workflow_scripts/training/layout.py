@@ -100,9 +100,13 @@ class Layout:
         return init_device_mesh(device_type, tuple(getattr(self, n) for n in names), mesh_dim_names=names)
 
     # ---------------------------------------------------------------- validation
-    def problems(self, model, where: str = "layouts") -> list[str]:
-        """Everything wrong with this layout for `model` (a training.models.ModelSpec), each naming the key."""
+    def problems(self, model, where: str = "layouts", block_size: int | None = None) -> list[str]:
+        """Everything wrong with this layout for `model` (a training.models.ModelSpec) and the sequence length,
+        each naming the key."""
         out = []
+        if block_size and block_size % self.cp:
+            out.append(f"{where}.cp: {self.cp} does not divide data.block_size {block_size} (the sequence is split "
+                       "evenly over the cp ranks)")
         heads = {"attention heads": model.n_heads, "KV heads": model.n_kv_heads} if self.tp > 1 else {}
         for what, n in heads.items():
             if n % self.tp and not (what == "KV heads" and n == model.n_heads):  # GPT-2: KV heads = heads

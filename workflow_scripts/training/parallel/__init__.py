@@ -1,5 +1,5 @@
-"""Parallel dimensions, one module per dimension (data.py, pipeline.py; tensor, context and expert parallelism
-land here as tensor.py, context.py, expert.py). Each module defines DIMENSION: its key in a layout
+"""Parallel dimensions, one module per dimension (data.py dp, pipeline.py pp, tensor.py tp, sequence.py cp,
+expert.py ep). Each module defines DIMENSION: its key in a layout
 (training/layout.py), what it does, how it builds the run's engine around the strategy (which stays the
 data-parallel dimension), and what it needs from the rest of the run (checked before any job starts).
 

@@ -37,7 +37,7 @@ class ReplicatedEngine(FSDPEngine):
         model.to(ctx.device)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
             if ctx.precision.bf16_params else MixedPrecisionPolicy()
-        self.module = replicate(model, mesh=ctx.mesh["dp"], mp_policy=mp)
+        self.module = replicate(model, mesh=ctx.data_mesh, mp_policy=mp)
         self.optimizer = adamw(model.parameters(), ctx)
         self.settings = {"engine": "torch.distributed._composable.replicate_with_fsdp.replicate over mesh['dp']",
                          "mixed_precision_policy": "bf16 params and reduce" if ctx.precision.bf16_params else None,

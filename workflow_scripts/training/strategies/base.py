@@ -83,6 +83,8 @@ class Engine:
         return self.ctx.micro_batch
 
     def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.ctx.forward_loss is not None:  # a parallel dimension's view of the micro-batch (cp: a shard)
+            return self.ctx.forward_loss(self.module, tokens, self.ctx)
         with self.ctx.precision.autocast(self.ctx.device.type):
             logits = self.module(input_ids=tokens).logits
         return (self.ctx.loss_fn or lm_loss)(logits, tokens)

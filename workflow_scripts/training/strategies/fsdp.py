@@ -33,7 +33,7 @@ class FSDPEngine(Engine):
 
         super().__init__(ctx)
         self.settings = _settings(ctx)
-        mesh = ctx.mesh["dp"]
+        mesh = ctx.data_mesh
         kwargs = {"mesh": mesh, "reshard_after_forward": self.settings["reshard_after_forward"]}
         if ctx.precision.bf16_params:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
