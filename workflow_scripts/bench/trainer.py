@@ -33,7 +33,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, __version_
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.training.batches import load_data, make_model
 from workflow_scripts.training.context import from_spec, process_env
-from workflow_scripts.training.models import MODELS, count_params, flops_per_token, transformer_blocks
+from workflow_scripts.training.models import count_params, model_flops_per_token, transformer_blocks
 from workflow_scripts.training.strategies import get as get_strategy
 
 
@@ -138,7 +138,7 @@ def run(spec: dict) -> dict | None:
     tokens = (timer.end_step - timer.start_step) * ctx.effective_batch * seq_len
     tokens_per_s = tokens / seconds
     device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    fpt = flops_per_token(n_params, MODELS[spec["model"]].n_layer, MODELS[spec["model"]].d_model, seq_len)
+    fpt = model_flops_per_token(spec["model"], n_params, seq_len)
     summary = {
         "status": "ok", "runner": "hf_trainer", "run_id": spec["run_id"], "model": spec["model"],
         "strategy": spec["strategy"], "world_size": world, "precision": spec["precision"],

@@ -41,6 +41,7 @@ class RunContext:
     loss_fn: Callable | None = None  # (logits, tokens) -> loss; None: lm_loss (see training.harness)
     # (module, tokens, ctx) -> loss: set by a parallel dimension that changes what a rank's forward sees (cp)
     forward_loss: Callable | None = None
+    parallel: dict = field(default_factory=dict)  # what each model-parallel dimension did (into the summary)
     pipeline_schedule: str = "1f1b"  # train.pipeline_schedule, for layouts with pp > 1
     _mesh: object = field(default=None, repr=False, compare=False)
     _data_mesh: object = field(default=None, repr=False, compare=False)

@@ -38,7 +38,7 @@ from workflow_scripts.training import harness
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import RunContext, init_distributed
-from workflow_scripts.training.models import MODELS, count_params, flops_per_token
+from workflow_scripts.training.models import MODELS, count_params, model_flops_per_token
 from workflow_scripts.training.parallel import build_engine
 from workflow_scripts.training.strategies import get as get_strategy
 from workflow_scripts.training.strategies.base import Engine, Strategy
@@ -259,7 +259,7 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
     spec, ctx, strategy = run.spec, run.ctx, run.strategy
     shape = MODELS[spec["model"]]
     device_name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
-    fpt = flops_per_token(run.n_params, shape.n_layer, shape.d_model, run.seq_len)
+    fpt = model_flops_per_token(spec["model"], run.n_params, run.seq_len)
     steps_per_epoch, total_steps, cuda = run.batches.steps_per_epoch, run.total_steps, ctx.device.type == "cuda"
     epoch_wall = {}
     for r in rows:
@@ -267,7 +267,7 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
     val_initial, val_final = val_losses
     return {
         "status": "ok", "run_id": spec["run_id"], "model": spec["model"], "strategy": spec["strategy"],
-        "family": strategy.family, "zero_stage": strategy.zero_stage, "layout": ctx.layout.key,
+        "family": strategy.family, "zero_stage": strategy.zero_stage, "layout": ctx.layout.key, "parallel": ctx.parallel,
         "world_size": ctx.world_size, "dp_size": ctx.dp_size,
         "repeat": spec["repeat"], "platform": spec["platform"], "device_name": device_name,
         "precision": ctx.precision.name, "precision_detail": ctx.precision.detail,

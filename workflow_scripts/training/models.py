@@ -32,7 +32,7 @@ QWEN2_BASE = dict(
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str  # "gpt2" | "qwen2"
+    family: str  # "gpt2" | "qwen2" | "qwen2_moe"
     hub_id: str | None  # where pretrained weights / the original config live
     shape: dict  # architecture keys for the transformers config class
 
@@ -57,6 +57,15 @@ class ModelSpec:
         """Routed experts per MoE layer; 0 for a dense model."""
         return int(self.shape.get("num_experts", 0) or 0)
 
+    @property
+    def idle_expert_params(self) -> int:
+        """Parameters a token does not pass through: the routed experts beyond its top-k, in every MoE layer
+        (model FLOPs count only the active parameters)."""
+        if not self.n_experts:
+            return 0
+        per_expert = 3 * self.d_model * self.shape["moe_intermediate_size"]  # gate, up, down
+        return self.n_layer * (self.n_experts - self.shape["num_experts_per_tok"]) * per_expert
+
 
 def _gpt2(name, hub_id, n_layer, n_embd, n_head):
     return ModelSpec(name, "gpt2", hub_id, dict(GPT2_BASE, n_layer=n_layer, n_embd=n_embd, n_head=n_head))
@@ -68,11 +77,23 @@ def _qwen2(name, hub_id, layers, hidden, inter, heads, kv_heads):
     return ModelSpec(name, "qwen2", hub_id, shape)
 
 
+def _qwen2_moe(name, hub_id, layers, hidden, heads, kv_heads, experts, top_k, moe_inter, shared_inter):
+    """Qwen1.5-MoE / Qwen2-MoE: every block's MLP is `experts` routed experts (top_k per token) plus a gated
+    shared expert; norm_topk_prob false as published."""
+    shape = dict(QWEN2_BASE, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                 num_key_value_heads=kv_heads, num_experts=experts, num_experts_per_tok=top_k,
+                 moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared_inter,
+                 intermediate_size=shared_inter, decoder_sparse_step=1, norm_topk_prob=False,
+                 tie_word_embeddings=False)
+    return ModelSpec(name, "qwen2_moe", hub_id, shape)
+
+
 MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     # CPU-sized models for the default study and tests
     _gpt2("gpt2-tiny", None, 2, 128, 4),
     _gpt2("gpt2-mini", None, 4, 256, 4),
     _qwen2("qwen2-tiny", None, 2, 128, 384, 4, 2),
+    _qwen2_moe("qwen2-moe-tiny", None, 2, 128, 4, 2, 4, 2, 64, 128),
     # the studied shapes
     _gpt2("gpt2", "openai-community/gpt2", 12, 768, 12),
     _gpt2("gpt2-medium", "openai-community/gpt2-medium", 24, 1024, 16),
@@ -80,6 +101,9 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     _gpt2("gpt2-xl", "openai-community/gpt2-xl", 48, 1600, 25),
     _qwen2("qwen2.5-coder-1.5b", "Qwen/Qwen2.5-Coder-1.5B", 28, 1536, 8960, 12, 2),
     _qwen2("qwen2.5-3b", "Qwen/Qwen2.5-3B", 36, 2048, 11008, 16, 2),
+    _qwen2_moe("qwen1.5-moe-a2.7b", "Qwen/Qwen1.5-MoE-A2.7B", 24, 2048, 16, 16, 60, 4, 1408, 5632),
+    # its shape at half the depth (7.4B parameters, 1.6B active): FSDP2 fits it on 2 GPUs of 141 GB
+    _qwen2_moe("qwen1.5-moe-a2.7b-12l", "Qwen/Qwen1.5-MoE-A2.7B", 12, 2048, 16, 16, 60, 4, 1408, 5632),
 ]}
 
 
@@ -92,14 +116,15 @@ def padded_vocab(vocab_size: int, multiple: int) -> int:
 
 def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | None = None):
     """The transformers config for a registry model with the study's vocabulary and sequence length."""
-    from transformers import GPT2Config, Qwen2Config
+    from transformers import GPT2Config, Qwen2Config, Qwen2MoeConfig
 
     spec = MODELS[name]
     shape = dict(spec.shape, **(overrides or {}))
     if spec.family == "gpt2":
         shape["n_positions"] = max(shape.get("n_positions", 1024), block_size)
         return GPT2Config(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0, **shape)
-    return Qwen2Config(vocab_size=vocab_size, **shape)
+    config = Qwen2MoeConfig if spec.family == "qwen2_moe" else Qwen2Config
+    return config(vocab_size=vocab_size, **shape)
 
 
 def build_model(name: str, vocab_size: int, block_size: int, *, pretrained: str | None = None,
@@ -132,6 +157,12 @@ def count_params(model) -> int:
 def flops_per_token(n_params: int, n_layer: int, d_model: int, seq_len: int) -> float:
     """Training FLOPs per token: 6N + 12·L·d·T (PaLM appendix B; nanoGPT's estimate_mfu)."""
     return 6.0 * n_params + 12.0 * n_layer * d_model * seq_len
+
+
+def model_flops_per_token(name: str, n_params: int, seq_len: int) -> float:
+    """flops_per_token of a registry model with N its active parameters (a MoE token skips the idle experts)."""
+    spec = MODELS[name]
+    return flops_per_token(n_params - spec.idle_expert_params, spec.n_layer, spec.d_model, seq_len)
 
 
 def transformer_blocks(model) -> list:

@@ -36,7 +36,7 @@ def stage_layers(n_layer: int, pp: int, stage: int) -> range:
 
 
 class Stage(nn.Module):
-    """One pipeline stage of a GPT-2 or Qwen2 causal LM: [embeddings] -> blocks -> [final norm -> LM head]."""
+    """One pipeline stage of a GPT-2 or Qwen2 (dense or MoE) causal LM: [embeddings] -> blocks -> [final norm -> LM head]."""
 
     def __init__(self, model: nn.Module, family: str, layers: range, first: bool, last: bool, tied: bool):
         super().__init__()
@@ -51,7 +51,7 @@ class Stage(nn.Module):
         if last:
             self.norm = base.ln_f if family == "gpt2" else base.norm
             self.head = model.lm_head
-        if family == "qwen2":
+        if family != "gpt2":  # the Qwen families: rotary position embeddings
             self.rotary = base.rotary_emb
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +62,7 @@ class Stage(nn.Module):
             if self.family == "gpt2":
                 h = self.drop(h + self.wpe(positions))
         extra = {}
-        if self.family == "qwen2":
+        if self.family != "gpt2":
             extra = {"position_embeddings": self.rotary(h, positions), "position_ids": positions}
         for block in self.blocks:
             h = block(h, **extra)

@@ -64,6 +64,8 @@ def apply(model: nn.Module, ctx, family: str) -> None:
         if hasattr(module, "config") and module.config is not model.config:
             module.config._attn_implementation = ATTENTION
     ctx.forward_loss = forward_loss
+    ctx.parallel["cp"] = {"implementation": "deepspeed.sequence.layer.DistributedAttention (Ulysses)",
+                          "heads_per_rank": model.config.num_attention_heads // (ctx.layout.tp * ctx.layout.cp)}
 
 
 def forward_loss(module: nn.Module, tokens: torch.Tensor, ctx) -> torch.Tensor:
