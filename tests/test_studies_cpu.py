@@ -13,7 +13,7 @@ from conftest import REPO, snakemake
     ("gpt2_tutorial", {}, 12),
     ("ml815", {}, 8),
     ("scaling", {"world_sizes": [1, 2]}, 8),
-    ("parallelism", {}, 3),
+    ("parallelism", {}, 6),
 ])
 def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
     wd = default_study
@@ -32,8 +32,10 @@ def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
         assert by.loc["zero3", "micro_batch"] == 2 and by.loc["ddp", "micro_batch"] == 4
     if study == "scaling":
         assert sorted(runs.world_size.unique()) == [1, 2]
-    if study == "parallelism":  # 1D, 2D (pipeline) and tensor-parallel layouts, each a row and a table line
-        assert sorted(runs.layout) == ["dp1-pp2", "dp1-tp2", "ws2"] and (runs.world_size == 2).all()
+    if study == "parallelism":  # 1D and every model-parallel layout of each model, each a row and a table line
+        layouts = runs.groupby("model").layout.apply(sorted).to_dict()
+        assert layouts == {"qwen2.5-3b": ["dp1-cp2", "dp1-pp2", "dp1-tp2", "ws2"],
+                           "qwen1.5-moe-a2.7b-12l": ["dp2-ep2", "ws2"]} and (runs.world_size == 2).all()
         summary = (wd / results / "tables/summary.md").read_text()
-        assert "`fsdp` (dp1-pp2)" in summary and "`fsdp` (dp1-tp2)" in summary
+        assert all(f"`fsdp` ({key})" in summary for key in ("dp1-pp2", "dp1-tp2", "dp1-cp2", "dp2-ep2"))
     assert (wd / results / "figures/scaling.png").exists()
