@@ -147,3 +147,18 @@ def test_style_rejects_unknown_keys():
     with pytest.raises(ValueError, match="unknown style keys"):
         figures.parse_style('{"dpii": 300}')
     assert figures.parse_style("")["dpi"] == 150
+
+
+def test_layouts_figure_shows_each_ranks_memory_and_the_mfu_per_layout():
+    """On the committed 2 x H200 parallelism tables: one bar per rank (pipeline stages differ), MFU bars as in the
+    table, the 1D layout first."""
+    tables = HERE.parent / "results/parallelism/h200x2/tables"
+    data = load({"runs": tables / "runs.csv", "steps": tables / "steps.csv", "vram": tables / "vram.csv"})
+    speed, memory = figures.layouts_figure(data).axes
+    assert [t.get_text() for t in speed.get_xticklabels()] == ["ws2", "dp1-pp2", "dp1-tp2"]
+    runs = data.runs.set_index("layout")
+    assert [p.get_height() for p in speed.patches] == pytest.approx(list(100 * runs.loc[["ws2", "dp1-pp2", "dp1-tp2"], "mfu"]))
+    heights = [p.get_height() * 2**30 for p in memory.patches]
+    want = [v for key in ("ws2", "dp1-pp2", "dp1-tp2")
+            for v in figures.rank_values(runs.loc[key, "peak_allocated_bytes_per_rank"])]
+    assert heights == pytest.approx(want) and heights[2] > heights[3]  # the first stage holds the embedding

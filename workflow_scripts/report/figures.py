@@ -19,6 +19,9 @@ Each figure is written as <name>.png and <name>.pdf. Panels are one per (model, 
 - memory_vs_throughput  which strategy to pick: peak memory (x) against tokens/s (y), one labelled point per strategy.
 - scaling               tokens/s vs world size per strategy (one panel per model), with the ideal linear line from
                         each strategy's smallest world size.
+- layouts               per model with more than one parallel layout: MFU per layout (on CPU tokens/s per rank),
+                        and each rank's peak torch-allocated memory per layout (on CPU peak host RSS): pipeline
+                        stages hold different memory.
 
 Runs that ended `oom`, `unsupported` or `failed` are drawn as marked entries (a hatched empty bar with OOM / n/a /
 failed, a cross on the scaling axis, a note on line plots), never silently dropped. Strategies whose runs have
@@ -528,10 +531,74 @@ def scaling_figure(data: Data) -> plt.Figure:
     return fig
 
 
+# ---------------------------------------------------------------- parallel layouts
+def rank_values(cell) -> list[float]:
+    """A per-rank column of runs.csv (a JSON list, or a list already) as floats; [] when absent."""
+    if isinstance(cell, str):
+        cell = json.loads(cell)
+    return [float(v) for v in cell] if isinstance(cell, (list, tuple)) else []
+
+
+def rank_memory(runs: pd.DataFrame, column: str) -> list[float]:
+    """Each rank's peak, the mean over the successful repeats ([] for tables older than the per-rank columns)."""
+    if column not in runs:
+        return []
+    lists = [rank_values(c) for c in runs.loc[runs["status"] == "ok", column]]
+    lists = [v for v in lists if v]
+    return list(np.mean(lists, axis=0)) if lists else []
+
+
+def layouts_panels(axes, rows: pd.DataFrame, runs: pd.DataFrame, data: Data, on_cpu: bool) -> None:
+    labels = [f"{r.layout}\n{r.strategy}" if rows["strategy"].nunique() > 1 else r.layout for r in rows.itertuples()]
+    speed, memory = axes
+    column = "peak_host_rss_bytes_per_rank" if on_cpu else "peak_allocated_bytes_per_rank"
+    per_rank = [rank_memory(runs[(runs["layout"] == r.layout) & (runs["strategy"] == r.strategy)], column)
+                for r in rows.itertuples()]
+    unit, div = memory_unit(max((max(v) for v in per_rank if v), default=0.0))
+    for x, (row, ranks) in enumerate(zip(rows.itertuples(), per_rank)):
+        colour = data.colors.get(row.strategy)
+        if row.status != "ok":
+            mark_missing(speed, x, STATUS_MARK.get(row.status, row.status))
+            mark_missing(memory, x, STATUS_MARK.get(row.status, row.status))
+            continue
+        value, half = ((row.tokens_per_s / row.world_size, row.tokens_per_s_ci95 / row.world_size) if on_cpu
+                       else (100 * row.mfu, 100 * row.mfu_ci95))
+        speed.bar(x, value, 0.8, color=colour, yerr=None if pd.isna(half) else half, capsize=3)
+        width = 0.8 / max(len(ranks), 1)
+        for r, v in enumerate(ranks):
+            memory.bar(x - 0.4 + width * (r + 0.5), v / div, width * 0.9, color=colour,
+                       alpha=1.0 - 0.5 * r / max(len(ranks), 1), edgecolor="0.3", linewidth=0.3)
+    for ax in axes:
+        strategy_ticks(ax, labels)
+        ax.set_ylim(bottom=0)
+    speed.set_ylabel("tokens/s per rank (mean ± 95% CI)" if on_cpu else "MFU (%, mean ± 95% CI)")
+    memory.set_ylabel(f"peak {'host RSS' if on_cpu else 'torch allocated'} per rank ({unit})")
+
+
+def layouts_figure(data: Data) -> plt.Figure:
+    """Per model with more than one layout: speed and per-rank memory by layout (see the module docstring)."""
+    summary = data.summary
+    models = [m for m in (model_order(summary) if len(summary) else [])
+              if summary.loc[summary["model"] == m, "layout"].nunique() > 1]
+    fig, axes = grid(2 * len(models), data.style, ncols=2)
+    for i, model in enumerate(models):
+        rows = summary[summary["model"] == model]
+        rows = rows.assign(_1d=~rows["layout"].str.startswith("ws")).sort_values(["world_size", "_1d", "layout"])
+        rows = rows.reset_index(drop=True)
+        on_cpu = bool((rows["platform"].str.lower() == "cpu").all())
+        layouts_panels(axes[2 * i:2 * i + 2], rows, data.runs[data.runs["model"] == model], data, on_cpu)
+        axes[2 * i].set_title(f"{model}: {'throughput' if on_cpu else 'MFU'} per layout")
+        axes[2 * i + 1].set_title(f"{model}: peak memory, a bar per rank (rank 0 left)")
+    if not models:
+        empty_note(axes[0], "one parallel layout per model: see mfu and peak_memory")
+    return fig
+
+
 # ---------------------------------------------------------------- CLI
 BUILDERS = {"loss_curves": loss_curves_figure, "peak_memory": peak_memory_figure, "throughput": throughput_figure,
             "time_per_epoch": time_per_epoch_figure, "mfu": mfu_figure, "memory_timeline": memory_timeline_figure,
-            "memory_vs_throughput": memory_vs_throughput_figure, "scaling": scaling_figure}
+            "memory_vs_throughput": memory_vs_throughput_figure, "scaling": scaling_figure,
+            "layouts": layouts_figure}
 assert list(BUILDERS) == FIGURES
 
 
