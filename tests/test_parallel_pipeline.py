@@ -19,6 +19,7 @@ def test_pipeline_layout_trains_like_the_data_parallel_run(token_data, tmp_path,
     one_d, want = run(token_data, tmp_path, f"{model}_1d", model, strategy, {"dp": 2})
     two_d, got = run(token_data, tmp_path, f"{model}_2d", model, strategy, {"dp": 2, "pp": 2})
     assert two_d["layout"] == "dp2-pp2" and two_d["world_size"] == 4 and two_d["dp_size"] == 2
+    assert two_d["parallel"]["pp"]["bubble_fraction_ideal"] == pytest.approx(1 / 3)  # pp 2 over 2 micro-batches
     assert two_d["effective_batch"] == one_d["effective_batch"], "pipeline ranks do not multiply the batch"
     assert got[:2] == pytest.approx(want[:2], abs=1e-5)
     assert got == pytest.approx(want, abs=5e-3)

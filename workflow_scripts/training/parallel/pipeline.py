@@ -103,6 +103,10 @@ class PipelineEngine(Engine):
         kind = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
         self.schedule = kind(pipe_stage, n_microbatches=ctx.accum, loss_fn=self._loss, scale_grads=True)
         self.tied = tied_groups(ctx.layout, ctx.rank) if stage.tied else None
+        ctx.parallel["pp"] = {"schedule": kind.__name__, "microbatches": ctx.accum, "stage": coords["pp"],
+                              # the schedule's idle share of a step with equal stages (1F1B and GPipe alike):
+                              # (pp - 1) / (microbatches + pp - 1); not a measurement
+                              "bubble_fraction_ideal": (ctx.layout.pp - 1) / (ctx.accum + ctx.layout.pp - 1)}
         self.settings = {**inner.settings, "pipeline": {
             "engine": "torch.distributed.pipelining.PipelineStage", "schedule": kind.__name__,
             "stages": ctx.layout.pp, "microbatches": ctx.accum, "stage": coords["pp"],
