@@ -291,8 +291,10 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
         "initial_loss": rows[0]["loss"] if rows else None, "final_loss": rows[-1]["loss"] if rows else None,
         "val_loss_initial": val_initial, "val_loss_final": val_final,
         "val_ppl_final": math.exp(val_final) if val_final == val_final and val_final < 50 else None,
-        # model parallelism splits the parameters over pp x tp ranks (evenly, as an estimate), ZeRO/FSDP over dp
-        **M.model_state_bytes(run.n_params // (ctx.layout.pp * ctx.layout.tp), ctx.dp_size, strategy.zero_stage,
+        # model parallelism splits the parameters over pp x tp ranks (evenly, as an estimate), ZeRO/FSDP over the
+        # data ranks (dp x cp; expert shards too: ep x their copies); replicated experts (ddp family) not divided
+        **M.model_state_bytes(run.n_params // (ctx.layout.pp * ctx.layout.tp), ctx.dp_size * ctx.layout.cp,
+                              strategy.zero_stage,
                               ctx.precision.state_bytes,
                               strategy.offload_optimizer(ctx), strategy.offload_params(ctx)),
         "compile_blocks": run.levers["compile_blocks"], "compile_loss": run.levers["compile_loss"],
