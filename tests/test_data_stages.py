@@ -88,3 +88,45 @@ def test_blocks_are_packed_split_by_document_and_independent_of_threads(token_da
 def test_split_documents_every_kth_to_validation():
     train, val = tokenize_data.split_documents([str(i) for i in range(10)], 0.2)
     assert val == ["4", "9"] and len(train) == 8
+
+
+def test_chat_corpus_trains_on_the_answers_only(tmp_path):
+    """MetaMathQA-shaped records as `chat`: rendered through the (ChatML) chat template, every token of the
+    question and the template's framing stored as context (-(id + 1)), the answers and their end tokens trained;
+    then a run on those blocks learns (its loss over the answers goes down)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, launch_spec
+
+    ds = tmp_path / "metamath"
+    ds.mkdir()
+    rows = [{"query": f"What is {i} plus {i + 1}?", "response": f"The answer is {2 * i + 1}."} for i in range(400)]
+    (ds / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = {"source": "hub", "hub": {"path": str(ds), "split": "train", "kind": "chat", "system": "Solve it."}}
+    corpus.build_corpus(cfg, str(tmp_path / "c.jsonl"), str(tmp_path / "c.json"))
+    first = json.loads((tmp_path / "c.jsonl").read_text().splitlines()[0])
+    assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant"]
+    tokenizer.build_tokenizer({"kind": "bpe", "vocab_size": 400, "min_frequency": 1}, str(tmp_path / "c.jsonl"),
+                              str(tmp_path / "tok"))
+    m = tokenize_data.tokenize(str(tmp_path / "c.jsonl"), str(tmp_path / "tok"), 32, 0.1, 1, str(tmp_path / "train.npy"),
+                               str(tmp_path / "val.npy"), str(tmp_path / "tokens.json"))
+    assert m["loss_on"] == "response" and m["chat_template"].startswith("ChatML")
+    stream = np.load(tmp_path / "train.npy").ravel()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    runs = np.split(stream, np.flatnonzero(np.diff(stream >= 0)) + 1)  # alternating context / trained runs
+    trained = [tok.decode(r) for r in runs if r[0] >= 0]
+    context = [tok.decode(-r - 1) for r in runs if r[0] < 0]
+    assert all("What is" not in t for t in trained) and sum("The answer is" in t for t in trained) > 300
+    assert sum("What is" in c and "Solve it." in c for c in context) > 300 and not any("The answer" in c for c in context)
+    assert m["trained_token_fraction"] == pytest.approx((stream >= 0).mean()) and 0.05 < m["trained_token_fraction"] < 0.5
+
+    data = {"train": str(tmp_path / "train.npy"), "val": str(tmp_path / "val.npy"),
+            "manifest": str(tmp_path / "tokens.json")}
+    spec = launch_spec(data, tmp_path, "sft", world_size=1, train={"max_steps": 12, "log_every": 3})
+    subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(spec)], cwd=REPO,
+                   check=True, capture_output=True, timeout=600)
+    summary = json.loads((tmp_path / "sft/out/summary.json").read_text())
+    assert summary["final_loss"] < summary["initial_loss"] - 1.0

@@ -77,3 +77,20 @@ def test_prediction_agrees_with_deepspeeds_own_estimators():
                                zero_init=True, additional_buffer_factor=1.0)
     ours3 = metrics.model_state_bytes(psi, gpus, 3, BF16_PURE)["predicted_model_state_bytes"]
     assert ours3 + 2 * psi / gpus == pytest.approx(ds3, rel=0.01)
+
+
+def test_the_loss_skips_context_tokens_and_the_model_reads_them():
+    import torch
+    import torch.nn.functional as F
+
+    from workflow_scripts.training.strategies.base import input_ids, lm_loss
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 8))
+    tokens = torch.where(torch.arange(8) < 4, -ids - 1, ids)  # the first half of each row is context only
+    logits = torch.randn(2, 8, 50)
+    assert torch.equal(input_ids(tokens), ids)
+    want = F.cross_entropy(logits[:, 3:7].reshape(-1, 50), ids[:, 4:].reshape(-1))  # targets 4..7 only
+    assert lm_loss(logits, tokens).item() == pytest.approx(want.item(), abs=1e-6)
+    assert lm_loss(logits, ids).item() == pytest.approx(F.cross_entropy(logits[:, :-1].reshape(-1, 50),
+                                                                        ids[:, 1:].reshape(-1)).item(), abs=1e-6)

@@ -35,10 +35,12 @@ from workflow_scripts.training.batches import load_data, make_model
 from workflow_scripts.training.context import from_spec, process_env
 from workflow_scripts.training.models import count_params, model_flops_per_token, transformer_blocks
 from workflow_scripts.training.strategies import get as get_strategy
+from workflow_scripts.training.strategies.base import input_ids, targets
 
 
 class TokenBlocks(torch.utils.data.Dataset):
-    """The packed training blocks as causal-LM examples (the model shifts the labels itself)."""
+    """The packed training blocks as causal-LM examples (the model shifts the labels itself; context-only tokens of
+    chat data are labelled -100, as our loss ignores them)."""
 
     def __init__(self, blocks: np.ndarray):
         self.blocks = blocks
@@ -47,8 +49,8 @@ class TokenBlocks(torch.utils.data.Dataset):
         return len(self.blocks)
 
     def __getitem__(self, i):
-        ids = torch.from_numpy(self.blocks[i].astype(np.int64))
-        return {"input_ids": ids, "labels": ids}
+        tokens = torch.from_numpy(self.blocks[i].astype(np.int64))
+        return {"input_ids": input_ids(tokens), "labels": targets(tokens)}
 
 
 def strategy_arguments(spec: dict, ctx, model) -> tuple[dict, dict]:

@@ -4,6 +4,11 @@ Sources:
   stdlib -- the running interpreter's standard-library Python files, sorted by relative path (offline, everywhere);
   hub    -- `datasets.load_dataset(path, name, split=...)`, rendered as plain text or prompt/response pairs;
   local  -- text files (one document each) or JSONL files.
+
+Record kinds (`hub.kind` / `local.kind`): `text`; `prompt_response` (one document from a format string);
+`chat` (supervised fine-tuning: the record becomes a conversation, `messages` = [system?, user, assistant], kept
+next to its plain text; the tokenize stage renders it with the tokenizer's chat template and trains on the
+assistant's tokens only).
 """
 from __future__ import annotations
 
@@ -22,9 +27,15 @@ def normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.split("\n")).strip("\n")
 
 
-def render(record: dict, fmt: dict) -> str:
-    """One dataset record -> one document. `fmt.kind` is `text` or `prompt_response`."""
-    if fmt.get("kind", "text") == "prompt_response":
+def render(record: dict, fmt: dict) -> str | dict:
+    """One dataset record -> one document: its text, or for `chat` {"text", "messages"}."""
+    kind = fmt.get("kind", "text")
+    if kind == "chat":
+        prompt, response = record[fmt.get("prompt_field", "query")], record[fmt.get("response_field", "response")]
+        messages = ([{"role": "system", "content": fmt["system"]}] if fmt.get("system") else []) + [
+            {"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+        return {"text": f"{prompt}\n\n{response}", "messages": messages}
+    if kind == "prompt_response":
         template = fmt.get("template", "### Question:\n{prompt}\n\n### Answer:\n{response}")
         return template.format(prompt=record[fmt.get("prompt_field", "query")],
                                response=record[fmt.get("response_field", "response")])
@@ -58,7 +69,7 @@ def local_documents(cfg: dict, base: str = ".") -> Iterator[tuple[str, str]]:
             raise FileNotFoundError(f"corpus.local.paths: no file matches {pattern!r}")
         paths += matches
     for path in paths:
-        if path.endswith((".jsonl", ".json")) or cfg.get("kind") == "prompt_response":
+        if path.endswith((".jsonl", ".json")) or cfg.get("kind") in ("prompt_response", "chat"):
             with open(path, encoding="utf-8") as f:
                 for i, line in enumerate(f):
                     if line.strip():
@@ -93,14 +104,17 @@ def build_corpus(cfg: dict, out_jsonl: str, out_manifest: str) -> dict:
     digest, n_docs, n_bytes = hashlib.sha256(), 0, 0
     Path(out_jsonl).parent.mkdir(parents=True, exist_ok=True)
     with open(out_jsonl, "w", encoding="utf-8") as out:
-        for doc_id, text in documents(cfg):
-            text = normalise(text or "")
+        for doc_id, doc in documents(cfg):
+            record = dict(doc) if isinstance(doc, dict) else {"text": doc}
+            text = record["text"] = normalise(record["text"] or "")
             if not text:
                 continue
+            for message in record.get("messages", []):
+                message["content"] = normalise(message["content"])
             size = len(text.encode("utf-8"))
             if n_bytes + size > max_bytes and n_docs > 0:
                 break
-            line = json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n"
+            line = json.dumps({"id": doc_id, **record}, ensure_ascii=False) + "\n"
             out.write(line)
             digest.update(line.encode("utf-8"))
             n_docs += 1
@@ -115,10 +129,15 @@ def build_corpus(cfg: dict, out_jsonl: str, out_manifest: str) -> dict:
     return manifest
 
 
-def read_texts(jsonl: str) -> Iterator[str]:
+def read_records(jsonl: str) -> Iterator[dict]:
     with open(jsonl, encoding="utf-8") as f:
         for line in f:
-            yield json.loads(line)["text"]
+            yield json.loads(line)
+
+
+def read_texts(jsonl: str) -> Iterator[str]:
+    for record in read_records(jsonl):
+        yield record["text"]
 
 
 def main(argv=None):

@@ -26,7 +26,7 @@ from torch import nn
 from workflow_scripts.training.grad_norm import clip_, local
 from workflow_scripts.training.parallel import Dimension
 from workflow_scripts.training.parallel.data import data_parallel_engine
-from workflow_scripts.training.strategies.base import Engine, lm_loss
+from workflow_scripts.training.strategies.base import Engine, input_ids, lm_loss
 
 def stage_layers(n_layer: int, pp: int, stage: int) -> range:
     """Consecutive blocks of one stage; the first `n_layer % pp` stages take one more."""
@@ -58,6 +58,7 @@ class Stage(nn.Module):
         positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
         h = x
         if self.first:
+            x = input_ids(x)
             h = self.embed(x)
             if self.family == "gpt2":
                 h = self.drop(h + self.wpe(positions))

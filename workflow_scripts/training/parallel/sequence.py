@@ -6,7 +6,7 @@ embeddings, norms, MLP, LM head and loss run on that shard. In attention, one al
 shards into head shards (heads / cp per rank over the whole sequence), causal SDPA runs, and a second all-to-all
 turns the output back. RoPE gets the shard's global positions; the labels are shifted on the whole sequence
 before sharding (no target is lost at a shard border); each rank's loss is its shard's summed cross-entropy over
-the sequence's count of targets, times cp, so the mean over the dp x cp ranks is exactly the 1D loss. The
+the micro-batch's count of trained targets, times cp, so the mean over the dp x cp ranks is exactly the 1D loss. The
 data-parallel dimension therefore runs over the flattened dp x cp mesh (`RunContext.data_mesh`): parameters are
 replicated or sharded over it and their gradients averaged over it.
 
@@ -25,6 +25,7 @@ from torch import nn
 
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import Dimension
+from workflow_scripts.training.strategies.base import input_ids, targets
 
 ATTENTION = "ulysses"  # the attention implementation name registered with transformers
 FAMILIES = ("qwen2", "qwen2_moe")  # attention through transformers' AttentionInterface with position ids
@@ -73,13 +74,14 @@ def forward_loss(module: nn.Module, tokens: torch.Tensor, ctx) -> torch.Tensor:
     batch, length = tokens.shape
     cp, r = ctx.layout.cp, ctx.layout.coords(ctx.rank)["cp"]
     n = length // cp
-    labels = torch.cat([tokens[:, 1:], tokens.new_full((batch, 1), -100)], dim=1)[:, r * n:(r + 1) * n]
+    shifted = torch.cat([targets(tokens)[:, 1:], tokens.new_full((batch, 1), -100)], dim=1)
+    labels = shifted[:, r * n:(r + 1) * n]
     positions = torch.arange(r * n, (r + 1) * n, device=tokens.device).expand(batch, n)
     with ctx.precision.autocast(ctx.device.type):
-        logits = module(input_ids=tokens[:, r * n:(r + 1) * n], position_ids=positions).logits
+        logits = module(input_ids=input_ids(tokens[:, r * n:(r + 1) * n]), position_ids=positions).logits
     summed = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1).long(),
                              ignore_index=-100, reduction="sum")
-    return summed * cp / (batch * (length - 1))
+    return summed * cp / (shifted != -100).sum().clamp_min(1)
 
 
 def problems(layout, strategy, train: dict, where: str) -> list[str]:

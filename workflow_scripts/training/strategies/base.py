@@ -25,9 +25,20 @@ if TYPE_CHECKING:
     from workflow_scripts.training.context import RunContext
 
 
+def input_ids(tokens: torch.Tensor) -> torch.Tensor:
+    """The ids the model reads: a context-only token (stored as -(id + 1), data.tokenize) is id."""
+    return torch.where(tokens < 0, -tokens - 1, tokens)
+
+
+def targets(tokens: torch.Tensor) -> torch.Tensor:
+    """The ids a loss predicts, -100 (cross_entropy's ignore_index) where the token is context only."""
+    return torch.where(tokens < 0, -100, tokens)
+
+
 def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy in fp32 over positions 0..T-2 predicting 1..T-1."""
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1).long())
+    """Next-token cross-entropy in fp32 over positions 0..T-2 predicting 1..T-1, the mean over trained targets."""
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)),
+                           targets(tokens)[:, 1:].reshape(-1).long())
 
 
 def adamw(params, ctx: RunContext) -> torch.optim.Optimizer:
@@ -86,7 +97,7 @@ class Engine:
         if self.ctx.forward_loss is not None:  # a parallel dimension's view of the micro-batch (cp: a shard)
             return self.ctx.forward_loss(self.module, tokens, self.ctx)
         with self.ctx.precision.autocast(self.ctx.device.type):
-            logits = self.module(input_ids=tokens).logits
+            logits = self.module(input_ids=input_ids(tokens)).logits
         return (self.ctx.loss_fn or lm_loss)(logits, tokens)
 
     def micro_step(self, last: bool):
