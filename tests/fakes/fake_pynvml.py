@@ -16,6 +16,10 @@ class FakeDevice:
     total: int                       # bytes
     used: int                        # bytes, device-wide
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, usedGpuMemory bytes or None)
+    name: str = "NVIDIA H200"
+    sm_clock_mhz: int = 1980
+    sm_clock_max_mhz: int = 1980
+    power_limit_mw: int = 700_000
 
 
 @dataclass
@@ -84,3 +88,42 @@ def nvmlDeviceGetMemoryInfo(handle: _Handle, version=None) -> _Memory:
 def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[_ProcessInfo]:
     _check()
     return [_ProcessInfo(pid, mem) for pid, mem in DEVICES[handle.index].processes]
+
+
+NVML_CLOCK_SM = 1
+DRIVER = {"version": "580.159.04", "cuda": 13000}  # nvmlSystemGetCudaDriverVersion's encoding: 1000 * major + 10 * minor
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    _check()
+    return DRIVER["version"]
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:
+    _check()
+    return DRIVER["cuda"]
+
+
+def nvmlDeviceGetName(handle: _Handle) -> str:
+    _check()
+    return DEVICES[handle.index].name
+
+
+def nvmlDeviceGetClockInfo(handle: _Handle, clock: int) -> int:
+    _check()
+    return DEVICES[handle.index].sm_clock_mhz
+
+
+def nvmlDeviceGetMaxClockInfo(handle: _Handle, clock: int) -> int:
+    _check()
+    return DEVICES[handle.index].sm_clock_max_mhz
+
+
+def nvmlDeviceGetPowerManagementLimit(handle: _Handle) -> int:
+    _check()
+    return DEVICES[handle.index].power_limit_mw
+
+
+def nvmlDeviceGetPersistenceMode(handle: _Handle) -> int:
+    _check()
+    return 1

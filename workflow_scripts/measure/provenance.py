@@ -1,4 +1,8 @@
-"""Where a number came from: code version, config, packages, devices, host, container, scheduler, times.
+"""Where a number came from: code version, config, packages, devices, the machine (measure/machine.py: driver,
+CUDA runtime, NCCL, topology, clocks, power limits, CPU model), host, container, scheduler, times.
+
+The git commit is the project's own: that of the repository whose top level holds this code. A copy of the
+project without its own .git inside another repository records no commit (and says why), never the other one's.
 
 Only an allow-list of facts is recorded; the environment is never dumped, so tokens such as HF_TOKEN or
 WANDB_API_KEY cannot leak into results.
@@ -12,6 +16,9 @@ import platform
 import socket
 import subprocess
 from importlib import metadata
+from pathlib import Path
+
+from workflow_scripts.measure import machine
 
 PACKAGES = ("torch", "deepspeed", "transformers", "datasets", "tokenizers", "snakemake", "nvidia-ml-py", "amdsmi")
 ENV_FACTS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER",
@@ -19,15 +26,23 @@ ENV_FACTS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "APPTA
              "HIP_VISIBLE_DEVICES", "DS_ACCELERATOR", "NCCL_NVLS_ENABLE")
 
 
-def git_state(cwd: str = ".") -> dict:
+PROJECT = Path(__file__).resolve().parents[2]  # the checkout this code runs from
+
+
+def git_state(project: Path = PROJECT) -> dict:
     def git(*args):
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30).stdout.strip()
+        return subprocess.run(["git", *args], cwd=project, capture_output=True, text=True, timeout=30).stdout.strip()
 
     try:
+        top = git("rev-parse", "--show-toplevel")
+        if not top:
+            return {"commit": None, "dirty": None, "why": "not a git checkout"}
+        if Path(top).resolve() != project.resolve():
+            return {"commit": None, "dirty": None, "why": f"the project has no .git of its own (inside {top})"}
         commit = git("rev-parse", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        return {"commit": None, "dirty": None, "why": "git not runnable"}
     return {"commit": commit or None, "dirty": dirty if commit else None}
 
 
@@ -66,6 +81,7 @@ def collect(run_cfg: dict, start: float, end: float, study_cfg_hash: str | None 
         "packages": package_versions(),
         "python": platform.python_version(),
         "devices": device_facts(),
+        "machine": machine.facts(),
         "host": socket.gethostname(),
         "os": platform.platform(),
         "env": {k: os.environ[k] for k in ENV_FACTS if k in os.environ},

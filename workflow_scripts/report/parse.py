@@ -49,6 +49,15 @@ def run_row(run_dir: Path, tables_dir: Path) -> dict:
     return row
 
 
+def machine_columns(m: dict) -> dict:
+    """The machine facts that explain timing differences, one column each (provenance.csv)."""
+    gpu = m.get("gpu") or {}
+    gpus = gpu.get("gpus") if isinstance(gpu.get("gpus"), list) else []
+    return {"cpu_model": m.get("cpu_model"), "driver": gpu.get("driver"), "nccl": m.get("nccl"),
+            "sm_clock_max_mhz": ",".join(sorted({str(g["sm_clock_max_mhz"]) for g in gpus})) or None,
+            "power_limit_w": ",".join(sorted({f"{g['power_limit_w']:g}" for g in gpus})) or None}
+
+
 def provenance_row(run_dir: Path, row: dict) -> dict:
     path = run_dir / C.PROVENANCE
     if not path.exists():
@@ -60,7 +69,7 @@ def provenance_row(run_dir: Path, row: dict) -> dict:
             "git_dirty": p["git"].get("dirty"), "config_hash": p.get("run_config_hash"),
             **{f"{k}": v for k, v in p.get("packages", {}).items()},
             "cuda": devices.get("torch_cuda"), "rocm": devices.get("torch_hip"),
-            "devices": f"{devices.get('device_count', 0)} x {names}",
+            "devices": f"{devices.get('device_count', 0)} x {names}", **machine_columns(p.get("machine") or {}),
             "host": p.get("host"), "container": p.get("container"), "slurm_job_id": p.get("slurm_job_id"),
             "start_unix": p.get("start_unix"), "end_unix": p.get("end_unix"),
             "substitutions": "; ".join(p.get("substitutions") or []), "settings": row["settings"]}
