@@ -84,6 +84,13 @@ def train_threads(wildcards):
     return ranks if PLATFORM == "cpu" else 4 * ranks  # capped by --cores
 
 
+def node_world_sizes():
+    """The ranks per node of the study's layouts (the collectives the calibration measures)."""
+    return sorted(
+        {Layout.from_key(k).world_size // config["nodes"] for (_, _, k) in RUNS}
+    )
+
+
 def train_gpus(wildcards):
     return (
         0

@@ -22,6 +22,7 @@ rule train:
         val=rules.tokenize.output.val,
         manifest=rules.tokenize.output.manifest,
         ops=ops_for,
+        calibration=ancient(f"{R}/calibration/calibration.json"),
     output:
         summary=f"{RUN}/summary.json",
         metrics=f"{RUN}/metrics.csv",

@@ -1,0 +1,28 @@
+# Machine calibration, once per study and machine, before the timed runs (an input of every run, `ancient`: a
+# recalibration never reruns a finished run): workflow_scripts/measure/calibrate.py.
+
+
+rule calibrate:
+    output:
+        json=f"{R}/calibration/calibration.json",
+        md=report(
+            f"{R}/calibration/calibration.md",
+            caption="../report/captions/calibration.rst",
+            category="Provenance",
+        ),
+    log:
+        f"{R}/logs/calibrate.log",
+    container:
+        IMAGE
+    threads: max(node_world_sizes() + [1]) * (1 if PLATFORM == "cpu" else 4)
+    resources:
+        gpu=0 if PLATFORM == "cpu" else max(node_world_sizes() + [1]),
+        timed_runs=1,
+    params:
+        platform=PLATFORM,
+        sizes=",".join(map(str, node_world_sizes())),
+        work=f"{W}/calibration",
+    shell:
+        "python3 -m workflow_scripts.measure.calibrate --platform {params.platform} "
+        "--world-sizes {params.sizes:q} --work-dir {params.work} --out {output.json} --md {output.md} "
+        "> {log} 2>&1"

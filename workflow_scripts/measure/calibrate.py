@@ -1,0 +1,206 @@
+"""Machine calibration (rule calibrate): what this machine does per second, measured in seconds before the study's
+timed runs, so that a rerun on another machine can say whether its timings differ because the machine does.
+
+    python -m workflow_scripts.measure.calibrate --platform cuda --world-sizes 2,4 --work-dir work/x \\
+        --out results/<study>/calibration/calibration.json --md .../calibration.md
+
+Measured (median of `rounds` after one warm-up), each a row {name, value, unit, detail}:
+- cpu_single_thread      pure-Python integer loop, million iterations/s (launch-bound runs follow it);
+- host_memcpy            numpy copy of 256 MiB, GB/s;
+- cpu_adam               torch AdamW (foreach) step over 10 M fp32 parameters on the CPU, ms (offload strategies);
+- disk_write / disk_read 256 MiB file in the work directory (fsync after the write; the read is from page cache
+                         unless the machine evicts it), GB/s (ZeRO-Infinity's NVMe path);
+- per GPU: matmul_bf16   8192^3 bf16 matmul, TFLOP/s; h2d / d2h pinned copies of 1 GiB, GB/s;
+- per world size n > 1 on one node: all_reduce and all_gather bus bandwidth (nccl-tests convention: all-reduce
+                         algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB (gloo on CPU: 64 MB only),
+                         torchrun with n processes.
+On CPU the GPU rows are present with value None and detail "not applicable (cpu)".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MB = 10**6
+
+
+def timed(fn, rounds: int) -> float:
+    """Median seconds of fn() over `rounds` calls after one warm-up call; fn synchronises itself."""
+    fn()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def row(name: str, value, unit: str, detail: str) -> dict:
+    return {"name": name, "value": value, "unit": unit, "detail": detail}
+
+
+def host_rows(work_dir: Path, rounds: int) -> list[dict]:
+    import numpy as np
+    import torch
+
+    def loop():
+        total = 0
+        for i in range(2_000_000):
+            total += i
+        return total
+
+    src = np.ones(256 * 2**20, dtype=np.uint8)
+    dst = np.empty_like(src)
+    params = [torch.nn.Parameter(torch.randn(10_000_000))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    adam = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = work_dir / "calibration.bin"
+
+    def write():
+        with open(path, "wb") as f:
+            f.write(src.data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read():
+        with open(path, "rb") as f:
+            f.readinto(dst.data)
+
+    out = [row("cpu_single_thread", 2.0 / timed(loop, rounds), "M iterations/s", "pure-Python integer loop"),
+           row("host_memcpy", src.nbytes / timed(lambda: np.copyto(dst, src), rounds) / 1e9, "GB/s",
+               "numpy copy, 256 MiB"),
+           row("cpu_adam", 1000 * timed(adam.step, rounds), "ms", "torch AdamW(foreach) step, 10 M fp32 parameters")]
+    out.append(row("disk_write", src.nbytes / timed(write, rounds) / 1e9, "GB/s", f"256 MiB + fsync in {work_dir}"))
+    out.append(row("disk_read", src.nbytes / timed(read, rounds) / 1e9, "GB/s", "256 MiB, page cache may serve it"))
+    path.unlink()
+    return out
+
+
+def gpu_rows(rounds: int) -> list[dict]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return [row(n, None, u, "not applicable (cpu)") for n, u in
+                (("matmul_bf16", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"))]
+    out = []
+    for i in range(torch.cuda.device_count()):
+        dev = torch.device("cuda", i)
+        a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        host = torch.empty(2**30, dtype=torch.uint8, pin_memory=True)
+        device = torch.empty(2**30, dtype=torch.uint8, device=dev)
+
+        def sync(fn):
+            def run():
+                fn()
+                torch.cuda.synchronize(dev)
+            return run
+
+        def matmuls():
+            for _ in range(10):
+                a @ a
+
+        t = timed(sync(matmuls), rounds)
+        out.append(row(f"matmul_bf16[{i}]", 10 * 2 * 8192**3 / t / 1e12, "TFLOP/s", torch.cuda.get_device_name(dev)))
+        out.append(row(f"h2d[{i}]", 2**30 / timed(sync(lambda: device.copy_(host, non_blocking=True)), rounds) / 1e9,
+                       "GB/s", "pinned, 1 GiB"))
+        out.append(row(f"d2h[{i}]", 2**30 / timed(sync(lambda: host.copy_(device, non_blocking=True)), rounds) / 1e9,
+                       "GB/s", "pinned, 1 GiB"))
+        del a, host, device
+        torch.cuda.empty_cache()
+    return out
+
+
+def collective_rows(world: int, platform: str, rounds: int) -> list[dict]:
+    """Runs this module's --collectives mode under torchrun with `world` processes; rank 0 prints the rows."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m",
+           "workflow_scripts.measure.calibrate", "--collectives", "--platform", platform, "--rounds", str(rounds)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return [row(f"collectives[{world}]", None, "", f"failed: {done.stderr.strip().splitlines()[-1:]}")]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def collectives(platform: str, rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    cuda = platform != "cpu"
+    local = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    n = dist.get_world_size()
+    for size in ((64 * MB, 1000 * MB) if cuda else (64 * MB,)):
+        x = torch.ones(size // 4, dtype=torch.float32, device=device)
+        parts = torch.empty(n * x.numel(), dtype=x.dtype, device=device)
+
+        def sync(fn):
+            def run():
+                fn()
+                if cuda:
+                    torch.cuda.synchronize(device)
+                dist.barrier()
+            return run
+
+        t_ar = timed(sync(lambda: dist.all_reduce(x)), rounds)
+        t_ag = timed(sync(lambda: dist.all_gather_into_tensor(parts, x)), rounds)
+        if dist.get_rank() == 0:
+            label = f"{size // MB} MB, {n} ranks, {'NCCL/RCCL' if cuda else 'gloo'}"
+            print(json.dumps(row(f"all_reduce_busbw[{n}x{size // MB}MB]", size / t_ar * 2 * (n - 1) / n / 1e9,
+                                 "GB/s", label)))
+            print(json.dumps(row(f"all_gather_busbw[{n}x{size // MB}MB]", size * n / t_ag * (n - 1) / n / 1e9,
+                                 "GB/s", label)))
+    dist.destroy_process_group()
+
+
+def calibrate(platform: str, world_sizes: list[int], work_dir: Path, rounds: int) -> dict:
+    rows = host_rows(work_dir, rounds) + gpu_rows(rounds)
+    for world in sorted({w for w in world_sizes if w > 1}):
+        rows += collective_rows(world, platform, rounds)
+    from workflow_scripts.measure import machine
+
+    return {"platform": platform, "rounds": rounds, "rows": rows, "machine": machine.facts(),
+            "measured_unix": time.time()}
+
+
+def markdown(cal: dict) -> str:
+    lines = ["| measure | value | unit | how |", "|---|---|---|---|"]
+    for r in cal["rows"]:
+        value = "n/a" if r["value"] is None else f"{r['value']:.4g}"
+        lines.append(f"| {r['name']} | {value} | {r['unit']} | {r['detail']} |")
+    gpu = (cal["machine"].get("gpu") or {})
+    return (f"Calibration ({cal['platform']}, median of {cal['rounds']}); CPU: {cal['machine'].get('cpu_model')}; "
+            f"driver: {gpu.get('driver')}; NCCL: {cal['machine'].get('nccl')}\n\n" + "\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--platform", default="cpu")
+    ap.add_argument("--world-sizes", default="", help="comma-separated world sizes of one node (collectives)")
+    ap.add_argument("--work-dir", default="work/calibration")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out")
+    ap.add_argument("--md")
+    ap.add_argument("--collectives", action="store_true", help="internal: one torchrun rank of the collectives")
+    a = ap.parse_args(argv)
+    if a.collectives:
+        return collectives(a.platform, a.rounds)
+    sizes = [int(w) for w in a.world_sizes.split(",") if w.strip()]
+    cal = calibrate(a.platform, sizes, Path(a.work_dir), a.rounds)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(cal, indent=2))
+    Path(a.md).write_text(markdown(cal))
+    print(markdown(cal))
+
+
+if __name__ == "__main__":
+    main()
