@@ -19,6 +19,7 @@ include: "rules/parse.smk"
 include: "rules/figures.smk"
 include: "rules/doctor.smk"
 include: "rules/bench.smk"
+include: "rules/verify.smk"
 
 
 rule all:

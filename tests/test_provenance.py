@@ -51,3 +51,62 @@ def test_the_study_calibrates_its_machine_before_the_timed_runs(default_study):
     assert rows["all_reduce_busbw[2x64MB]"]["value"] > 0 and cal["machine"]["cpu_model"]
     run = next((default_study / "results/default/runs").glob("*/*/ws2/r0/provenance.json"))
     assert json.loads(run.read_text())["machine"]["cpu_model"] == cal["machine"]["cpu_model"]
+
+
+def test_verify_says_whether_a_rerun_reproduced_and_why_not(default_study, tmp_path):
+    """The default study's own result set against copies of it: identical rows reproduce; a doctored copy (loss
+    changed, throughput halved) differs, unexplained; throughput halved on a machine whose calibration is half as
+    fast differs, explained."""
+    import json
+
+    import pandas as pd
+
+    from workflow_scripts.report import verify
+
+    rerun = default_study / "results/default"
+
+    def committed(name, runs_edit=None, speed_factor=1.0):
+        d = tmp_path / name
+        shutil.copytree(rerun / "tables", d / "tables")
+        shutil.copytree(rerun / "calibration", d / "calibration")
+        runs = pd.read_csv(d / "tables/runs.csv")
+        if runs_edit:
+            runs_edit(runs)
+        runs.to_csv(d / "tables/runs.csv", index=False)
+        cal = json.loads((d / "calibration/calibration.json").read_text())
+        for r in cal["rows"]:
+            if r["name"] == "cpu_single_thread":
+                r["value"] *= speed_factor
+        (d / "calibration/calibration.json").write_text(json.dumps(cal))
+        return d
+
+    same = verify.compare(rerun, committed("same"))
+    assert len(same) == len(pd.read_csv(rerun / "tables/runs.csv")) and (same.verdict == "reproduced").all()
+
+    def doctor(runs):
+        runs.loc[0, "final_loss"] += 0.1
+        runs.loc[1, "tokens_per_s"] *= 2  # the rerun then runs at half the committed pace
+
+    doctored = verify.compare(rerun, committed("doctored", doctor)).set_index(["strategy"])
+    first, second = pd.read_csv(rerun / "tables/runs.csv").strategy[:2]
+    assert doctored.loc[first, "verdict"] == "differs-unexplained" and "loss" in doctored.loc[first, "why"]
+    assert doctored.loc[second, "why"] == "throughput" and doctored.loc[second, "throughput_ratio"] == 0.5
+
+    def faster(runs):
+        runs["tokens_per_s"] *= 2
+
+    explained = verify.compare(rerun, committed("faster_machine", faster, speed_factor=2.0))
+    assert (explained.verdict == "differs-explained").all()
+    verify.write(explained, rerun, tmp_path / "faster_machine", tmp_path / "out")
+    assert "differs-explained" in (tmp_path / "out/reproduction.md").read_text()
+
+
+def test_verify_refuses_to_overwrite_the_committed_set(tmp_path):
+    from workflow_scripts.config_check import verify_problems
+
+    (tmp_path / "set/tables").mkdir(parents=True)
+    (tmp_path / "set/tables/runs.csv").write_text("model\n")
+    assert verify_problems({"verify": {"against": str(tmp_path / "nothing")}, "results_dir": "r"})[0].startswith(
+        f"verify.against: {tmp_path / 'nothing'} has no tables/runs.csv")
+    (clash,) = verify_problems({"verify": {"against": str(tmp_path / "set")}, "results_dir": str(tmp_path / "set")})
+    assert "is this study's results_dir" in clash

@@ -41,8 +41,22 @@ def _is_local(path: str) -> bool:
 
 def problems(config: dict, devices: int | None = None) -> list[str]:
     found = (name_problems(config) + batch_problems(config) + layout_problems(config)
-             + size_problems(config, devices) + data_problems(config) + bench_problems(config))
+             + size_problems(config, devices) + data_problems(config) + bench_problems(config)
+             + verify_problems(config))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
+
+
+def verify_problems(config: dict) -> list[str]:
+    """verify.against is a result set, and not the one this study writes."""
+    against = (config.get("verify") or {}).get("against")
+    if not against:
+        return []
+    if not os.path.exists(os.path.join(against, "tables/runs.csv")):
+        return [f"verify.against: {against} has no tables/runs.csv (not a result set)"]
+    if os.path.abspath(against) == os.path.abspath(config["results_dir"]):
+        return [f"verify.against: {against} is this study's results_dir: set results_dir to a new folder for the "
+                "rerun (the committed set is never overwritten)"]
+    return []
 
 
 def name_problems(config: dict) -> list[str]:
