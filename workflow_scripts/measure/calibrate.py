@@ -84,6 +84,31 @@ def host_rows(work_dir: Path, rounds: int) -> list[dict]:
     return out
 
 
+def one_gpu(i: int, rounds: int) -> list[dict]:
+    import torch
+
+    dev = torch.device("cuda", i)
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    host = torch.empty(2**30, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(2**30, dtype=torch.uint8, device=dev)
+
+    def sync(fn):
+        def run():
+            fn()
+            torch.cuda.synchronize(dev)
+        return run
+
+    def matmuls():
+        for _ in range(10):
+            a @ a
+
+    flops = 10 * 2 * 8192**3 / timed(sync(matmuls), rounds) / 1e12
+    h2d = 2**30 / timed(sync(lambda: device.copy_(host, non_blocking=True)), rounds) / 1e9
+    d2h = 2**30 / timed(sync(lambda: host.copy_(device, non_blocking=True)), rounds) / 1e9
+    return [row(f"matmul_bf16[{i}]", flops, "TFLOP/s", torch.cuda.get_device_name(dev)),
+            row(f"h2d[{i}]", h2d, "GB/s", "pinned, 1 GiB"), row(f"d2h[{i}]", d2h, "GB/s", "pinned, 1 GiB")]
+
+
 def gpu_rows(rounds: int) -> list[dict]:
     import torch
 
@@ -92,28 +117,7 @@ def gpu_rows(rounds: int) -> list[dict]:
                 (("matmul_bf16", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"))]
     out = []
     for i in range(torch.cuda.device_count()):
-        dev = torch.device("cuda", i)
-        a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-        host = torch.empty(2**30, dtype=torch.uint8, pin_memory=True)
-        device = torch.empty(2**30, dtype=torch.uint8, device=dev)
-
-        def sync(fn):
-            def run():
-                fn()
-                torch.cuda.synchronize(dev)
-            return run
-
-        def matmuls():
-            for _ in range(10):
-                a @ a
-
-        t = timed(sync(matmuls), rounds)
-        out.append(row(f"matmul_bf16[{i}]", 10 * 2 * 8192**3 / t / 1e12, "TFLOP/s", torch.cuda.get_device_name(dev)))
-        out.append(row(f"h2d[{i}]", 2**30 / timed(sync(lambda: device.copy_(host, non_blocking=True)), rounds) / 1e9,
-                       "GB/s", "pinned, 1 GiB"))
-        out.append(row(f"d2h[{i}]", 2**30 / timed(sync(lambda: host.copy_(device, non_blocking=True)), rounds) / 1e9,
-                       "GB/s", "pinned, 1 GiB"))
-        del a, host, device
+        out += one_gpu(i, rounds)
         torch.cuda.empty_cache()
     return out
 
