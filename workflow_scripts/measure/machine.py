@@ -8,6 +8,7 @@ torch build; a fact a machine cannot give is None, never a guess. The topology m
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -80,7 +81,7 @@ def topology() -> str | None:
             except (OSError, subprocess.SubprocessError):
                 continue
             if done.returncode == 0:
-                return done.stdout.strip()
+                return re.sub(r"\x1b\[[0-9;]*m", "", done.stdout).strip()  # without the terminal's underlining
     return None
 
 
