@@ -20,6 +20,8 @@ rule verify:
     params:
         against=config["verify"]["against"] or "",
         tolerances=json.dumps(config["verify"]["tolerances"]),
+        rerun=lambda w, input: os.path.dirname(os.path.dirname(input.runs)),
+        out=lambda w, output: os.path.dirname(output.csv),
     shell:
-        "python3 -m workflow_scripts.report.verify --rerun {R} --against {params.against:q} "
-        "--tolerances {params.tolerances:q} --out-dir {R}/verify > {log} 2>&1"
+        "python3 -m workflow_scripts.report.verify --rerun {params.rerun:q} --against {params.against:q} "
+        "--tolerances {params.tolerances:q} --out-dir {params.out:q} > {log} 2>&1"

@@ -6,15 +6,15 @@ timed runs, so that a rerun on another machine can say whether its timings diffe
 
 Measured (median of `rounds` after one warm-up), each a row {name, value, unit, detail}:
 - cpu_single_thread      pure-Python integer loop, million iterations/s (launch-bound runs follow it);
-- host_memcpy            numpy copy of 256 MiB, GB/s;
+- host_memcpy            numpy copy of 64 MiB, GB/s;
 - cpu_adam               torch AdamW (foreach) step over 10 M fp32 parameters on the CPU, ms (offload strategies);
-- disk_write / disk_read 256 MiB file in the work directory (fsync after the write; the read is from page cache
+- disk_write / disk_read 64 MiB file in the work directory (fsync after the write; the read is from page cache
                          unless the machine evicts it), GB/s (ZeRO-Infinity's NVMe path);
 - per GPU: matmul_bf16   8192^3 bf16 matmul, TFLOP/s; h2d / d2h pinned copies of 1 GiB, GB/s;
 - per world size n > 1 on one node: all_reduce and all_gather bus bandwidth (nccl-tests convention: all-reduce
-                         algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB (gloo on CPU: 64 MB only),
-                         torchrun with n processes.
-On CPU the GPU rows are present with value None and detail "not applicable (cpu)".
+                         algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB, torchrun with n processes.
+On CPU the GPU and collective rows are present with value None and detail "not applicable (cpu)" (CPU studies
+check a pipeline, they time nothing worth explaining; the calibration there takes about 3 s).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def host_rows(work_dir: Path, rounds: int) -> list[dict]:
             total += i
         return total
 
-    src = np.ones(256 * 2**20, dtype=np.uint8)
+    src = np.ones(64 * 2**20, dtype=np.uint8)
     dst = np.empty_like(src)
     params = [torch.nn.Parameter(torch.randn(10_000_000))]
     for p in params:
@@ -76,10 +76,10 @@ def host_rows(work_dir: Path, rounds: int) -> list[dict]:
 
     out = [row("cpu_single_thread", 2.0 / timed(loop, rounds), "M iterations/s", "pure-Python integer loop"),
            row("host_memcpy", src.nbytes / timed(lambda: np.copyto(dst, src), rounds) / 1e9, "GB/s",
-               "numpy copy, 256 MiB"),
+               "numpy copy, 64 MiB"),
            row("cpu_adam", 1000 * timed(adam.step, rounds), "ms", "torch AdamW(foreach) step, 10 M fp32 parameters")]
-    out.append(row("disk_write", src.nbytes / timed(write, rounds) / 1e9, "GB/s", f"256 MiB + fsync in {work_dir}"))
-    out.append(row("disk_read", src.nbytes / timed(read, rounds) / 1e9, "GB/s", "256 MiB, page cache may serve it"))
+    out.append(row("disk_write", src.nbytes / timed(write, rounds) / 1e9, "GB/s", f"64 MiB + fsync in {work_dir}"))
+    out.append(row("disk_read", src.nbytes / timed(read, rounds) / 1e9, "GB/s", "64 MiB, page cache may serve it"))
     path.unlink()
     return out
 
@@ -143,7 +143,7 @@ def collectives(platform: str, rounds: int) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     n = dist.get_world_size()
-    for size in ((64 * MB, 1000 * MB) if cuda else (64 * MB,)):
+    for size in (64 * MB, 1000 * MB):
         x = torch.ones(size // 4, dtype=torch.float32, device=device)
         parts = torch.empty(n * x.numel(), dtype=x.dtype, device=device)
 
@@ -158,7 +158,7 @@ def collectives(platform: str, rounds: int) -> None:
         t_ar = timed(sync(lambda: dist.all_reduce(x)), rounds)
         t_ag = timed(sync(lambda: dist.all_gather_into_tensor(parts, x)), rounds)
         if dist.get_rank() == 0:
-            label = f"{size // MB} MB, {n} ranks, {'NCCL/RCCL' if cuda else 'gloo'}"
+            label = f"{size // MB} MB, {n} ranks, {'NCCL/RCCL' if cuda else 'gloo'}"  # gloo: --collectives by hand
             print(json.dumps(row(f"all_reduce_busbw[{n}x{size // MB}MB]", size / t_ar * 2 * (n - 1) / n / 1e9,
                                  "GB/s", label)))
             print(json.dumps(row(f"all_gather_busbw[{n}x{size // MB}MB]", size * n / t_ag * (n - 1) / n / 1e9,
@@ -169,7 +169,9 @@ def collectives(platform: str, rounds: int) -> None:
 def calibrate(platform: str, world_sizes: list[int], work_dir: Path, rounds: int) -> dict:
     rows = host_rows(work_dir, rounds) + gpu_rows(rounds)
     for world in sorted({w for w in world_sizes if w > 1}):
-        rows += collective_rows(world, platform, rounds)
+        rows += (collective_rows(world, platform, rounds) if platform != "cpu" else
+                 [row(f"all_reduce_busbw[{world}]", None, "GB/s", "not applicable (cpu)"),
+                  row(f"all_gather_busbw[{world}]", None, "GB/s", "not applicable (cpu)")])
     from workflow_scripts.measure import machine
 
     return {"platform": platform, "rounds": rounds, "rows": rows, "machine": machine.facts(),
