@@ -68,7 +68,7 @@ def compare(rerun: Path, committed: Path, tolerances: dict | None = None) -> pd.
     (speed_new, measure), (speed_old, _) = calibration_speed(rerun), calibration_speed(committed)
     predicted = speed_new / speed_old if speed_new and speed_old else None
     out = []
-    for key in new.index.intersection(old.index):
+    for key in [k for k in new.index if k in old.index]:  # the rerun's order
         n, o = new.loc[key], old.loc[key]
         if n["status"] != "ok" or o["status"] != "ok":
             out.append({**dict(zip(KEYS, key)), "verdict": "not compared", "why": f"status {n['status']} / {o['status']}"})
