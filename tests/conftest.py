@@ -22,10 +22,12 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
-def snakemake(workdir: Path, *args, check=True, env=None, timeout=1500) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args, check=True, env=None, timeout=1500, report=False) -> subprocess.CompletedProcess:
+    """Snakemake in workdir; the HTML report after success (about 4 s) only where a test reads it (`report`)."""
     cmd = [sys.executable, "-m", "snakemake", "--cores", "all", *args]
+    no_report = {} if report else {"PIPELINE_NO_REPORT": "1"}
     done = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **no_report, **(env or {})})
     if check and done.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n"
                              f"{done.stderr[-6000:]}")
@@ -55,7 +57,7 @@ def token_data(tmp_path_factory) -> dict:
 def default_study(tmp_path_factory) -> Path:
     """The shipped default study (config.yaml), run once with `snakemake --cores all` in a fresh copy."""
     wd = copy_workflow(tmp_path_factory.mktemp("study") / "wf")
-    snakemake(wd)
+    snakemake(wd, report=True)
     return wd
 
 

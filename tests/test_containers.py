@@ -211,7 +211,7 @@ def standin(tmp_path_factory):
 def with_standin(standin, wd, *args, check=True):
     log = wd / "apptainer-calls.jsonl"
     env = {"PATH": f"{standin}{os.pathsep}{os.environ['PATH']}", "APPTAINER_STANDIN_LOG": str(log)}
-    done = snakemake(wd, "--use-apptainer", *args, check=check, env=env, timeout=600)
+    done = snakemake(wd, "--use-apptainer", *args, check=check, env=env, timeout=600, report=True)
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return done, calls
 

@@ -17,7 +17,7 @@ def repeated(default_study):
     """ddp and fsdp, two repeats each, TensorBoard on, secrets in the environment."""
     args = overlay(default_study, "repeats", results_dir="results/repeats", work_dir="work/repeats",
                    strategies=["ddp", "fsdp"], repeats=2, train={"max_steps": 8, "tensorboard": True})
-    snakemake(default_study, *args, env=SECRETS)
+    snakemake(default_study, *args, env=SECRETS, report=True)
     return default_study / "results/repeats"
 
 

@@ -13,10 +13,10 @@ from conftest import run_layout as run
 
 
 def test_sequence_parallel_layout_trains_like_the_data_parallel_run(token_data, tmp_path):
-    """FSDP2 shards over the flattened dp x cp mesh."""
-    one_d, want = run(token_data, tmp_path, "fsdp_1d", "qwen2-tiny", "fsdp", {"dp": 2})
-    cp, got = run(token_data, tmp_path, "fsdp_cp", "qwen2-tiny", "fsdp", {"dp": 2, "cp": 2})
-    assert cp["layout"] == "dp2-cp2" and cp["effective_batch"] == one_d["effective_batch"]
+    """FSDP2 shards over the flattened dp x cp mesh (here: the two cp ranks)."""
+    one_d, want = run(token_data, tmp_path, "fsdp_1d", "qwen2-tiny", "fsdp", {"dp": 1})
+    cp, got = run(token_data, tmp_path, "fsdp_cp", "qwen2-tiny", "fsdp", {"dp": 1, "cp": 2})
+    assert cp["layout"] == "dp1-cp2" and cp["effective_batch"] == one_d["effective_batch"]
     assert cp["parallel"]["cp"]["heads_per_rank"] == 2
     assert got == pytest.approx(want, abs=1e-5)
     assert cp["val_loss_final"] == pytest.approx(one_d["val_loss_final"], abs=1e-5)

@@ -110,7 +110,7 @@ def slurm_run(slurm_cluster, tmp_path_factory):  # noqa: F811 - the fixture impo
     overlay.mkdir()
     (overlay / "config.yaml").write_text(yaml.safe_dump(cluster_overlay(slurm_cluster)))
     done = snakemake(wd, "--profile", "profiles/slurm", "--profile", str(overlay), *reduced_study(wd),
-                     env=slurm_cluster.env, timeout=600)
+                     env=slurm_cluster.env, timeout=600, report=True)
     return wd, done.stdout + done.stderr
 
 

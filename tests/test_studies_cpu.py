@@ -12,7 +12,7 @@ from conftest import REPO, snakemake
 @pytest.mark.parametrize("study, extra, expected_runs", [
     ("gpt2_tutorial", {}, 12),
     ("ml815", {}, 8),
-    ("scaling", {"world_sizes": [1, 2]}, 8),
+    ("scaling", {"world_sizes": [1, 2], "strategies": ["ddp", "zero3"]}, 4),
     ("parallelism", {}, 6),
 ])
 def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
