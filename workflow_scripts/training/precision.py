@@ -35,6 +35,16 @@ class Precision:
             return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def fsdp_policy(self):
+        """FSDP2's (and composable replicate's) MixedPrecisionPolicy: bf16 parameters and gradient reduction for
+        bf16-pure, the default (no casting) otherwise."""
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.bf16_params:
+            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        return MixedPrecisionPolicy()
+
     def __str__(self) -> str:
         return self.name
 

@@ -14,7 +14,6 @@ PyTorch's composable APIs, which accept the DTensor parameters of tensor paralle
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from workflow_scripts.training.parallel import Dimension
@@ -31,12 +30,10 @@ class ReplicatedEngine(FSDPEngine):
 
     def __init__(self, model: nn.Module, ctx):  # noqa: super-init-not-called: no fully_shard here
         from torch.distributed._composable.replicate_with_fsdp import replicate
-        from torch.distributed.fsdp import MixedPrecisionPolicy
 
         Engine.__init__(self, ctx)
         model.to(ctx.device)
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
-            if ctx.precision.bf16_params else MixedPrecisionPolicy()
+        mp = ctx.precision.fsdp_policy()
         self.module = replicate(model, mesh=ctx.data_mesh, mp_policy=mp)
         self.optimizer = adamw(model.parameters(), ctx)
         self.settings = {"engine": "torch.distributed._composable.replicate_with_fsdp.replicate over mesh['dp']",

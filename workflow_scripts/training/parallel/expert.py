@@ -18,7 +18,6 @@ the 1D run has none either), tensor parallelism of MoE blocks, capacity limits (
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from workflow_scripts.training.models import MODELS
@@ -41,15 +40,14 @@ def experts_modules(model: nn.Module) -> list[nn.Module]:
 def apply(model: nn.Module, ctx, family: str) -> None:
     """Shard the experts over mesh "ep" and wrap them for the data-parallel dimension (module docstring)."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
     from transformers.distributed.expert_parallel import apply_expert_parallelism
 
     mesh = expert_mesh(ctx)
     model.to(ctx.device)
     apply_expert_parallelism(model, mesh["ep"], mesh["ep_tp"], model._expand_parallel_plan(model.ep_plan),
                              ep_implementation="all_to_all")
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
-        if ctx.precision.bf16_params else MixedPrecisionPolicy()
+    mp = ctx.precision.fsdp_policy()
     wrap = fully_shard if family == "fsdp" else replicate
     layers = experts_modules(model)
     ctx.parallel["ep"] = {"implementation": "transformers.distributed.expert_parallel (all_to_all)",

@@ -29,14 +29,14 @@ def _settings(ctx: RunContext) -> dict:
 
 class FSDPEngine(Engine):
     def __init__(self, model: torch.nn.Module, ctx: RunContext):
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
         super().__init__(ctx)
         self.settings = _settings(ctx)
         mesh = ctx.data_mesh
         kwargs = {"mesh": mesh, "reshard_after_forward": self.settings["reshard_after_forward"]}
         if ctx.precision.bf16_params:
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+            kwargs["mp_policy"] = ctx.precision.fsdp_policy()
         if self.settings["cpu_offload"]:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
         else:
