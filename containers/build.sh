@@ -1,40 +1,122 @@
 #!/usr/bin/env bash
-# Build the pipeline's Apptainer images from their definition files:
+# Build the pipeline's images from their one recipe (containers/install.sh), with whichever builder is present:
 #
-#   containers/build.sh cuda        -> apptainer build containers/images/cuda.sif containers/cuda.def
-#   containers/build.sh rocm        -> apptainer build containers/images/rocm.sif containers/rocm.def
-#   containers/build.sh             -> both
-#   containers/build.sh -n cuda     -> print the command only
+#   containers/build.sh cpu                  -> containers/images/cpu.sif      (apptainer, from containers/cpu.def)
+#                                            or containers/images/cpu.oci.tar  (podman, from containers/Containerfile)
+#   containers/build.sh cuda rocm            -> the GPU images (their vendor base images come from a registry)
+#   containers/build.sh --base debootstrap cpu   the CPU base made from Debian's archive (no registry reachable)
+#   containers/build.sh -n cpu               -> print the commands only
+#   --engine apptainer|podman                   choose the builder (default: apptainer, else podman)
 #
-# Run it on a machine with Apptainer >= 1.1 (https://apptainer.org; not packaged for Debian 12 or PyPI), as root
-# or, unprivileged, with --fakeroot (added automatically when not root). It works from any directory: it changes
-# to the repository root because the .def files copy envs/requirements.txt by a path relative to it. Expect
-# ~20-30 GB of temporary space (set APPTAINER_TMPDIR / APPTAINER_CACHEDIR to a large disk) and 20-60 minutes:
-# the DeepSpeed ops compile at build time. The images go to containers/images/ (git-ignored); config.yaml's
-# `containers:` section names them per platform, and every rule uses them under --use-apptainer:
+# The base image is the From: line of containers/<platform>.def for both builders (podman: --base overrides it).
+# Study config `containers.<platform>: auto` (the default) takes containers/images/<platform>.sif, else the OCI
+# archive, which Snakemake converts with `apptainer pull` on first use. On a cluster without podman the archive
+# converts by hand too: apptainer build containers/images/cpu.sif oci-archive://containers/images/cpu.oci.tar
 #
-#   snakemake --profile profiles/local-cuda --use-apptainer --configfile studies/<study>.yaml
-#
-# Check a built image: apptainer test containers/images/cuda.sif ; apptainer inspect --labels <image>
+# podman: pip's CA bundle and this machine's pip find-links directories (pip config) are mounted for the build only,
+# never baked into the image; containers/podman.conf is used when CONTAINERS_CONF is unset (runc, cgroupfs: the
+# settings root needs on a VM without CAP_SYS_RESOURCE). apptainer: run as root or with --fakeroot (added when not
+# root); GPU images need ~20-30 GB of temporary space (APPTAINER_TMPDIR) and 20-60 minutes (DeepSpeed ops).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dry_run=0
-if [ "${1:-}" = "-n" ]; then dry_run=1; shift; fi
+dry_run=0 engine="" base=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) dry_run=1 ;;
+    --engine) engine="$2"; shift ;;
+    --base) base="$2"; shift ;;
+    -*) echo "build.sh: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+  shift
+done
 platforms=("$@")
-[ ${#platforms[@]} -gt 0 ] || platforms=(cuda rocm)
+[ ${#platforms[@]} -gt 0 ] || platforms=(cpu cuda rocm)
+for platform in "${platforms[@]}"; do
+  [ -f "containers/${platform}.def" ] || { echo "build.sh: no recipe for platform '$platform' (containers/${platform}.def; platforms: cpu, cuda, rocm)" >&2; exit 2; }
+done
 
-build_args=()
-if [ "$(id -u)" != 0 ]; then build_args+=(--fakeroot); fi
+real_apptainer() {  # the CI adapter (tests/adapters) answers to `apptainer` but cannot build from a .def
+  command -v apptainer >/dev/null && ! apptainer --version 2>/dev/null | grep -q adapter
+}
+if [ -z "$engine" ]; then
+  if real_apptainer; then engine=apptainer
+  elif command -v podman >/dev/null; then engine=podman
+  elif [ "$dry_run" = 1 ]; then engine=apptainer
+  else
+    echo "build.sh: no image builder found: install Apptainer >= 1.1 (clusters) or podman (apt-get install podman runc)" >&2
+    exit 127
+  fi
+fi
+case "$engine" in
+  apptainer | podman) ;;
+  *) echo "build.sh: unknown engine '$engine' (apptainer, podman)" >&2; exit 2 ;;
+esac
+if [ "$dry_run" = 0 ]; then
+  command -v "$engine" >/dev/null || { echo "build.sh: $engine not found" >&2; exit 127; }
+  echo "builder: $("$engine" --version | head -1)"
+fi
+
+# containers/.build/<platform>.recipe.json: the recipe's commit, copied into the image (/opt/pipeline/image.json)
+write_recipe() {
+  local platform="$1" base_image="$2" commit dirty
+  commit="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  dirty=false
+  [ -n "$(git status --porcelain -- containers envs 2>/dev/null)" ] && dirty=true
+  mkdir -p containers/.build
+  printf '{"recipe": "containers/install.sh", "recipe_commit": "%s", "recipe_dirty": %s, "base_image": "%s", "builder": "%s", "built_at": "%s"}\n' \
+    "$commit" "$dirty" "$base_image" "$engine" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "containers/.build/${platform}.recipe.json"
+}
+
+run() { echo "+ $*"; [ "$dry_run" = 1 ] || "$@"; }
+
+fail() {  # one line naming the recipe, then the builder's own tail
+  echo "build.sh: building the $1 image from $2 failed (exit $3); the builder's output is above" >&2
+  exit "$3"
+}
+
+build_apptainer() {
+  local platform="$1" flags=()
+  [ -z "$base" ] || { echo "build.sh: --base works with podman; for apptainer edit From: in containers/${platform}.def" >&2; exit 2; }
+  [ "$(id -u)" = 0 ] || flags+=(--fakeroot)
+  [ "$dry_run" = 1 ] || { mkdir -p containers/images; write_recipe "$platform" "$(awk '/^From:/ {print $2}' "containers/${platform}.def")"; }
+  run apptainer build "${flags[@]}" "containers/images/${platform}.sif" "containers/${platform}.def" \
+    || fail "$platform" "containers/${platform}.def" $?
+}
+
+build_podman() {
+  local platform="$1" image_base="$base" tag="localhost/dist-train-studies-${platform}:latest" mounts=() args=()
+  [ -n "$image_base" ] || image_base="$(awk '/^From:/ {print $2}' "containers/${platform}.def")"
+  if [ "$image_base" = debootstrap ]; then
+    [ "$platform" = cpu ] || { echo "build.sh: --base debootstrap makes a Debian base: the cpu image only" >&2; exit 2; }
+    if [ "$dry_run" = 1 ]; then echo "+ containers/debian_base.sh"; image_base=localhost/debian-base:bookworm
+    else image_base="$(containers/debian_base.sh | tail -1 | cut -d' ' -f1)"; fi
+  fi
+  [ -n "${CONTAINERS_CONF:-}" ] || ! command -v runc >/dev/null || export CONTAINERS_CONF="$PWD/containers/podman.conf"
+  local ca=/etc/ssl/certs/ca-certificates.crt
+  if [ -f "$ca" ]; then mounts+=(-v "$ca:/run/build/ca.crt:ro"); args+=(--build-arg BUILD_PIP_CERT=/run/build/ca.crt); fi
+  local links="" i=0 dir
+  for dir in $(python3 -m pip config get global.find-links 2>/dev/null || true); do
+    [ -d "$dir" ] || continue
+    mounts+=(-v "$dir:/run/build/wheels$i:ro"); links="$links /run/build/wheels$i"; i=$((i + 1))
+  done
+  [ -z "$links" ] || args+=(--build-arg "BUILD_PIP_FIND_LINKS=${links# }")
+  [ "$dry_run" = 1 ] || { mkdir -p containers/images; write_recipe "$platform" "$image_base"; }
+  local start=$SECONDS
+  run podman build -f containers/Containerfile --build-arg "BASE=$image_base" --build-arg "PLATFORM=$platform" \
+    "${args[@]}" "${mounts[@]}" -t "$tag" . || fail "$platform" containers/Containerfile $?
+  # a new file, then a rename: a copy Snakemake converted from the old archive is older than it, and re-converted
+  run podman save --format oci-archive -o "containers/images/${platform}.oci.tar.tmp" "$tag" \
+    || fail "$platform" containers/Containerfile $?
+  run mv "containers/images/${platform}.oci.tar.tmp" "containers/images/${platform}.oci.tar"
+  if [ "$dry_run" = 0 ]; then
+    echo "image: containers/images/${platform}.oci.tar ($(du -m "containers/images/${platform}.oci.tar" | cut -f1) MB," \
+      "$(podman image inspect --format '{{.Size}}' "$tag" | awk '{printf "%d MB", $1 / 1e6}') unpacked)" \
+      "digest $(podman image inspect --format '{{.Digest}}' "$tag"), built in $((SECONDS - start)) s with podman"
+  fi
+}
 
 for platform in "${platforms[@]}"; do
-  def="containers/${platform}.def"
-  [ -f "$def" ] || { echo "no definition file $def (platforms: cuda, rocm)" >&2; exit 2; }
-  cmd=(apptainer build "${build_args[@]}" "containers/images/${platform}.sif" "$def")
-  echo "+ ${cmd[*]}"
-  if [ "$dry_run" = 0 ]; then
-    command -v apptainer >/dev/null || { echo "apptainer not found: install Apptainer >= 1.1 first" >&2; exit 127; }
-    mkdir -p containers/images
-    "${cmd[@]}"
-  fi
+  "build_$engine" "$platform"
 done

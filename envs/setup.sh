@@ -2,17 +2,26 @@
 # The one setup step: system libraries, then the pinned Python environment (envs/requirements.txt).
 #   bash envs/setup.sh            (as root on Debian/Ubuntu; elsewhere install libaio-dev yourself)
 #   bash envs/setup.sh --tests    (also slurm-wlm + munge: the real single-node SLURM cluster of tests/test_slurm.py)
+#   bash envs/setup.sh --tests --containers   (also podman, runc, debootstrap, bubblewrap: building the CPU image
+#                                 and running jobs in it, tests/test_image.py)
 # torch is installed first, alone, so that pip takes the pinned CPU build and DeepSpeed builds against it.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 packages="libaio-dev"  # DeepSpeed's async_io op (ZeRO-Infinity NVMe offload)
-[ "${1:-}" = "--tests" ] && packages="$packages slurm-wlm munge"
+for flag in "$@"; do
+  case "$flag" in
+    --tests) packages="$packages slurm-wlm munge" ;;
+    --containers) packages="$packages podman runc debootstrap bubblewrap" ;;
+    *) echo "setup.sh: unknown option $flag (--tests, --containers)" >&2; exit 2 ;;
+  esac
+done
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   # shellcheck disable=SC2086
   apt-get install -y -q $packages >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q $packages >/dev/null; }
-elif [ "${1:-}" = "--tests" ]; then
-  echo "install $packages yourself (Debian/Ubuntu as root does it here); without slurm-wlm the SLURM tests skip" >&2
+elif [ "$packages" != libaio-dev ]; then
+  echo "install $packages yourself (Debian/Ubuntu as root does it here); without slurm-wlm the SLURM tests skip,
+  # without podman/bubblewrap tests/test_image.py cannot run" >&2
 fi
 python3 -m pip install -q "$(grep -E '^torch==' "$here/requirements.txt")"
 python3 -m pip install -q -r "$here/requirements.txt"

@@ -3,8 +3,9 @@ import json
 import os
 
 from snakemake.utils import validate
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
-from workflow_scripts import columns, config_check, study
+from workflow_scripts import columns, config_check, container_image, study
 from workflow_scripts.report.report_hook import write_report_after_success
 from workflow_scripts.training.build_ops import export_extensions_dir
 from workflow_scripts.training.layout import Layout
@@ -18,14 +19,28 @@ try:  # every violation at once, one line each, before Snakemake's validation fi
 except config_check.ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 
+USING_APPTAINER = (
+    DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+)
 # DeepSpeed's compiled ops: every job (op builds, training ranks) inherits the directory through the environment,
-# not through params, so a machine-specific path never makes Snakemake rerun a training job
-export_extensions_dir(config["torch_extensions_dir"], config["platform"])
+# not through params, so a machine-specific path never makes Snakemake rerun a training job. Under --use-apptainer
+# with `auto` each job finds it inside the image (its toolchain, HOME = the working directory): a host path would
+# name the host's compiler and a directory the container cannot write.
+if not USING_APPTAINER or config["torch_extensions_dir"] not in (None, "auto"):
+    export_extensions_dir(config["torch_extensions_dir"], config["platform"])
 R = config["results_dir"]
 W = config["work_dir"]
 PLATFORM = config["platform"]
 RUN = f"{R}/runs/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}"  # layout: ws2, dp2-pp2-tp2, ...
-IMAGE = config["containers"][PLATFORM]  # used only under --use-apptainer
+try:  # the image of every rule under --use-apptainer: a missing one is an error now, not at the first job
+    IMAGE = container_image.settle(
+        config["containers"][PLATFORM],
+        PLATFORM,
+        using_apptainer=USING_APPTAINER,
+        image_dir=workflow.deployment_settings.apptainer_prefix or ".snakemake/singularity",
+    )
+except container_image.ImageError as exc:
+    raise WorkflowError(str(exc)) from None
 FIGURES = columns.FIGURES
 
 

@@ -12,7 +12,27 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SKIP = {".git", ".snakemake", "work", "results", ".pytest_cache", "__pycache__", ".whl", ".deb", "images", "out"}
+SKIP = {".git", ".snakemake", "work", "results", ".pytest_cache", "__pycache__", ".whl", ".deb", "images", "out",
+        ".cache", ".build"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--image", action="store_true",
+                     help="also run tests/test_image.py: build the CPU image with podman and run the study in it")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "image: builds the CPU image and runs jobs in it (needs --image)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--image"):
+        return
+    skip = pytest.mark.skip(reason="builds the CPU image (~3 min) and runs the default study in it (~8 min): "
+                                   "python3 -m pytest -q --image tests/test_image.py")
+    for item in items:
+        if "image" in item.keywords:
+            item.add_marker(skip)
 
 
 def copy_workflow(dest: Path) -> Path:
@@ -112,3 +132,18 @@ def overlay(wd: Path, name: str, **cfg) -> list[str]:
     path = wd / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return ["--configfile", "config.yaml", path.name]
+
+
+def assert_default_study_losses(runs, steps) -> None:
+    """Every strategy's per-step and validation losses equal those recorded for the default study
+    (tests/expected/default_study_losses.json), bit for bit; runs is indexed by strategy."""
+    expected = json.loads((REPO / "tests/expected/default_study_losses.json").read_text())["runs"]
+    assert sorted(expected) == sorted(runs.index)
+    for name, want in expected.items():
+        assert runs.loc[name, "status"] == want["status"], (name, runs.loc[name, "reason"])
+        if want["status"] != "ok":
+            continue
+        got = steps[steps.strategy == name].sort_values("step").loss.tolist()
+        assert got == want["loss"], name
+        assert runs.loc[name, "val_loss_initial"] == want["val_loss_initial"], name
+        assert runs.loc[name, "val_loss_final"] == want["val_loss_final"], name

@@ -29,7 +29,7 @@ import yaml
 
 from conftest import REPO, copy_workflow, snakemake
 
-PLATFORMS = ["cuda", "rocm"]
+PLATFORMS = ["cpu", "cuda", "rocm"]
 VENDOR_SMI = {"cuda": "nvidia-ml-py", "rocm": "amdsmi"}  # the VRAM sampler's library, one per image
 SECTIONS = ["help", "labels", "files", "environment", "post", "test"]
 
@@ -63,12 +63,18 @@ def parse_def(platform: str) -> tuple[dict, dict]:
     return header, sections
 
 
-def post_script(sections) -> str:
-    """%post as one script, with backslash continuations joined."""
-    return "\n".join(sections["post"]).replace("\\\n", " ")
+# ------------------------------------------------------------------ recipes: containers/install.sh, run by every builder
+def install_script() -> str:
+    return (REPO / "containers/install.sh").read_text()
 
 
-# ------------------------------------------------------------------ definition files
+def function_body(name: str) -> str:
+    """The body of a shell function of containers/install.sh."""
+    match = re.search(rf"^{name}\(\) \{{\n(.*?)^\}}", install_script(), re.M | re.S)
+    assert match, f"install.sh: no function {name}"
+    return match.group(1)
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_definition_has_every_section(platform):
     header, sections = parse_def(platform)
@@ -78,12 +84,14 @@ def test_definition_has_every_section(platform):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-def test_base_image_is_pinned_to_the_pipelines_torch(platform):
+def test_base_image_is_pinned(platform):
     image = parse_def(platform)[0]["From"]
     name, _, tag = image.rpartition(":")
-    assert name and tag and tag != "latest" and re.search(r"\d+\.\d+", tag), f"unpinned base image {image!r}"
+    assert name and tag and tag != "latest", f"unpinned base image {image!r}"
     torch = requirement_pins()["torch"]
-    if platform == "cuda":  # the devel flavour: nvcc compiles the DeepSpeed ops
+    if platform == "cpu":  # Debian's Python 3.11, the Python of the CPU machines; torch comes from the pins
+        assert name == "debian" and tag.startswith("bookworm"), image
+    elif platform == "cuda":  # the devel flavour: nvcc compiles the DeepSpeed ops
         assert name == "pytorch/pytorch" and re.fullmatch(rf"{re.escape(torch)}-cuda12\.\d+-cudnn9-devel", tag), image
     else:
         assert name == "rocm/pytorch" and re.fullmatch(rf"rocm\d+(\.\d+)+_.+_pytorch_release_{re.escape(torch)}",
@@ -91,45 +99,63 @@ def test_base_image_is_pinned_to_the_pipelines_torch(platform):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-def test_labels_name_the_versions(platform):
+def test_labels_name_the_platform_base_and_recipe(platform):
     header, sections = parse_def(platform)
     labels = dict(line.split(None, 1) for line in sections["labels"])
-    pins = requirement_pins()
     assert labels["org.pipeline.base-image"] == header["From"]
-    assert labels["org.pipeline.torch"] == pins["torch"]
-    assert labels["org.pipeline.deepspeed"] == pins["deepspeed"]
-    assert labels["org.pipeline.snakemake"] == pins["snakemake"]
     assert labels["org.pipeline.platform"] == platform
+    assert labels["org.pipeline.recipe"] == "containers/install.sh"
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-def test_every_pin_except_torch_is_installed_from_the_same_requirements_file(platform, tmp_path):
-    """The .def copies envs/requirements.txt in and filters it with grep: run its own filter lines on the real
-    file and check what pip gets (everything but torch, and the other vendor's monitoring library)."""
+def test_every_builder_runs_the_one_recipe(platform):
+    """apptainer (.def) and podman (Containerfile) copy the same files and run containers/install.sh; neither
+    installs anything itself, so the two images cannot drift apart."""
     _, sections = parse_def(platform)
     files = [line.split() for line in sections["files"]]
-    assert ["envs/requirements.txt", "/opt/pipeline/requirements.txt"] in files
-    post = post_script(sections)
-    assert re.search(r"^P=/opt/pipeline$", post, re.M)
-    filters = [line for line in post.splitlines() if re.match(r"^(\w+=\"?\$\()?grep ", line)]
-    assert filters, "no grep filter over requirements.txt in %post"
-    shutil.copy(REPO / "envs/requirements.txt", tmp_path / "requirements.txt")
-    script = "\n".join(["set -eu", f"P={tmp_path}", *filters, 'printf "%s" "$DS_SPEC"'])
-    ds_spec = subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout
-    image_reqs = [line.split("#")[0].strip() for line in (tmp_path / "requirements.image.txt").read_text().splitlines()
-                  if line.split("#")[0].strip()]  # what pip reads: comments and blank lines dropped
-    assert re.search(r'pip install .*-r "\$P/requirements\.image\.txt"', post)
-    assert re.search(r'pip install .*--no-build-isolation .*"\$DS_SPEC"', post)
+    assert files == [["containers/install.sh", "/opt/pipeline/install.sh"],
+                     ["envs/requirements.txt", "/opt/pipeline/requirements.txt"],
+                     [f"containers/.build/{platform}.recipe.json", "/opt/pipeline/recipe.json"]]
+    assert sections["post"] == [f"bash /opt/pipeline/install.sh {platform} all"]
+    containerfile = (REPO / "containers/Containerfile").read_text()
+    runs = re.findall(r"^RUN (.*)$", containerfile, re.M)
+    assert runs == [f'bash /opt/pipeline/install.sh "$PLATFORM" {step}' for step in ("system", "python", "stamp")]
+    assert "COPY containers/install.sh envs/requirements.txt /opt/pipeline/" in containerfile
+    assert "COPY containers/.build/${PLATFORM}.recipe.json /opt/pipeline/recipe.json" in containerfile
+    all_step = re.search(r"^  all\) (.*) ;;$", install_script(), re.M).group(1)
+    assert all_step.split("; ")[0] == "system" and all_step.split("; ")[-1] == "stamp"
+    for text in ("\n".join(sum(sections.values(), [])), containerfile):
+        assert not re.search(r"apt-get|pip install", text)
+    # the build context holds only what the Containerfile copies: a study's work/ never travels to the builder
+    ignore = [line for line in (REPO / ".containerignore").read_text().splitlines() if line and line[0] != "#"]
+    assert ignore == ["*", "!containers/install.sh", "!envs/requirements.txt", "!containers/.build/"]
 
-    installed = {line.split("==")[0].lower(): line.split("==")[1] for line in image_reqs + [ds_spec]}
+
+def image_requirements(platform, tmp_path) -> dict[str, str]:
+    shutil.copy(REPO / "envs/requirements.txt", tmp_path / "requirements.txt")
+    out = subprocess.run(["bash", str(REPO / "containers/install.sh"), platform, "requirements"], check=True,
+                         capture_output=True, text=True, env={**os.environ, "PIPELINE_DIR": str(tmp_path)}).stdout
+    lines = [line.split("#")[0].strip() for line in out.splitlines() if line.split("#")[0].strip()]
+    return {line.split("==")[0].lower(): line.split("==")[1] for line in lines}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_every_pin_is_installed_from_the_same_requirements_file(platform, tmp_path):
+    """install.sh filters envs/requirements.txt: run its own filter on the real file and check what pip gets."""
+    installed = image_requirements(platform, tmp_path)
     pins = requirement_pins()
+    if platform == "cpu":  # the host's environment: torch first and alone (its CPU build), then every other pin
+        assert installed == {k: v for k, v in pins.items() if k != "torch"}
+        assert "'^torch=='" in function_body("python_cpu")
+        return
     other_smi = VENDOR_SMI["rocm" if platform == "cuda" else "cuda"]
-    expected = {k: v for k, v in pins.items() if k not in ("torch", other_smi)}
-    assert installed == expected
+    assert installed == {k: v for k, v in pins.items() if k not in ("torch", "deepspeed", other_smi)}
     assert VENDOR_SMI[platform] in installed and other_smi not in installed
-    # torch is never installed: a constraint pins the base image's own build
-    assert not re.search(r"pip install[^\n]*\btorch\b", post)
-    assert "import torch; print(\"torch==\" + torch.__version__)" in post and '-c "$P/constraints.txt"' in post
+    body = function_body("python_gpu")
+    # torch is never installed on a GPU image: a constraint pins the base image's own build
+    assert not re.search(r"pip install[^\n]*\btorch\b", body)
+    assert "import torch; print(\"torch==\" + torch.__version__)" in body and '-c "$P/constraints.txt"' in body
+    assert "'^deepspeed=='" in body
 
 
 def needed_ops(platform: str) -> dict[str, tuple[str, str]]:
@@ -151,24 +177,23 @@ def needed_ops(platform: str) -> dict[str, tuple[str, str]]:
     return {k: tuple(v) for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-def test_deepspeed_ops_are_compiled_into_the_image(platform):
-    _, sections = parse_def(platform)
-    post = post_script(sections)
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_deepspeed_ops_are_compiled_into_the_gpu_images(platform):
+    body = function_body("python_gpu").replace("\\\n", " ")
     ops = needed_ops(platform)
     assert {"CPUAdamBuilder", "AsyncIOBuilder"} <= set(ops), ops  # offload and ZeRO-Infinity at least
-    install = next(line for line in post.splitlines() if "$DS_SPEC" in line and "pip install" in line)
+    install = next(line for line in body.splitlines() if "$ds_spec" in line and "pip install" in line)
     assert "DS_BUILD_OPS=0" in install and "--no-build-isolation" in install
-    check = next(line for line in post.splitlines() if "installed_ops" in line)
-    tests = "\n".join(sections["test"])
+    check = next(line for line in body.splitlines() if "installed_ops" in line)
+    tests = "\n".join(parse_def(platform)[1]["test"])
     for builder, (name, build_var) in ops.items():
         assert f"{build_var}=1" in install, f"{builder}: {build_var}=1 missing from the DeepSpeed install"
         assert f'"{name}"' in check, f"{builder}: the build does not verify that {name} was compiled"
         assert f'"{name}"' in tests, f"{builder}: %test does not check {name}"
-    assert re.search(r"apt-get install .*libaio-dev", post)  # async_io links libaio
+    assert "libaio-dev" in function_body("system")  # async_io links libaio
     arch_var = "TORCH_CUDA_ARCH_LIST" if platform == "cuda" else "PYTORCH_ROCM_ARCH"
-    arch = re.search(rf'export {arch_var}="([^"]+)"', post)
-    assert arch and arch.start() < post.index("$DS_SPEC\""), f"{arch_var} must be set before DeepSpeed builds"
+    arch = re.search(rf'export {arch_var}="([^"]+)"', body)
+    assert arch and arch.start() < body.index('"$ds_spec"'), f"{arch_var} must be set before DeepSpeed builds"
     if platform == "cuda":  # DeepSpeed's op builder cannot parse arch suffixes such as 9.0a
         assert all(re.fullmatch(r"\d+\.\d+(\+PTX)?", a) for a in arch.group(1).split(";")), arch.group(1)
     else:
@@ -179,16 +204,34 @@ def test_deepspeed_ops_are_compiled_into_the_image(platform):
 def test_image_self_test_imports_the_stack(platform):
     _, sections = parse_def(platform)
     imports = " ".join(sections["test"])
-    for module in ("torch", "deepspeed", "snakemake", {"cuda": "pynvml", "rocm": "amdsmi"}[platform]):
+    modules = {"cpu": [], "cuda": ["pynvml"], "rocm": ["amdsmi"]}[platform]
+    for module in ("torch", "deepspeed", "snakemake", *modules):
         assert re.search(rf"import [^;']*\b{module}\b", imports), module
 
 
-def test_build_script_builds_each_image_from_its_definition():
-    done = subprocess.run(["bash", str(REPO / "containers/build.sh"), "-n"], capture_output=True, text=True,
+def build_dry_run(*args) -> list[str]:
+    done = subprocess.run(["bash", str(REPO / "containers/build.sh"), "-n", *args], capture_output=True, text=True,
                           check=True, cwd="/")
-    assert done.stdout.split("\n")[:2] == [
+    return [line for line in done.stdout.splitlines() if line.startswith("+ ")]
+
+
+def test_build_script_builds_each_image_from_its_recipe():
+    assert build_dry_run("--engine", "apptainer", "cpu", "cuda", "rocm") == [
         f"+ apptainer build {'--fakeroot ' if os.geteuid() else ''}containers/images/{p}.sif containers/{p}.def"
         for p in PLATFORMS]
+    podman = build_dry_run("--engine", "podman", "cuda")
+    assert podman[0].startswith("+ podman build -f containers/Containerfile --build-arg "
+                                f"BASE={parse_def('cuda')[0]['From']} --build-arg PLATFORM=cuda")
+    assert podman[1:] == ["+ podman save --format oci-archive -o containers/images/cuda.oci.tar.tmp "
+                          "localhost/dist-train-studies-cuda:latest",
+                          "+ mv containers/images/cuda.oci.tar.tmp containers/images/cuda.oci.tar"]
+    debootstrap = build_dry_run("--engine", "podman", "--base", "debootstrap", "cpu")
+    assert debootstrap[0] == "+ containers/debian_base.sh" and "BASE=localhost/debian-base:bookworm" in debootstrap[1]
+
+
+def test_build_script_refuses_an_unknown_platform():
+    done = subprocess.run(["bash", str(REPO / "containers/build.sh"), "-n", "tpu"], capture_output=True, text=True)
+    assert done.returncode == 2 and "containers/tpu.def" in done.stderr and not done.stdout
 
 
 # ------------------------------------------------------------------ the workflow against the apptainer stand-in
@@ -203,8 +246,7 @@ REDUCED = {"study": "containers", "results_dir": "results/containers", "work_dir
 def standin(tmp_path_factory):
     """A bin directory whose only entry is tests/fakes/apptainer, named `apptainer`, to go first on PATH."""
     bin_dir = tmp_path_factory.mktemp("standin-bin")
-    shutil.copy(REPO / "tests/fakes/apptainer", bin_dir / "apptainer")
-    (bin_dir / "apptainer").chmod(0o755)
+    (bin_dir / "apptainer").symlink_to(REPO / "tests/fakes/apptainer")  # a link: it imports tests/adapters
     return bin_dir
 
 
@@ -222,10 +264,11 @@ def study_overlay(wd, name="reduced.yaml", **cfg):
 
 
 def placeholder_image(wd, platform):
-    """Snakemake hands a local image path to apptainer untouched; Apptainer (and the stand-in) refuse a missing
-    file, so an empty placeholder stands where containers/build.sh would put the image."""
-    image = wd / yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())[
-        "properties"]["containers"]["properties"][platform]["default"]
+    """Snakemake hands a local image path to apptainer untouched; the workflow refuses a missing image, so an empty
+    placeholder stands where containers/build.sh would put the image (`containers.<platform>: auto` finds it)."""
+    assert yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())[
+        "properties"]["containers"]["properties"][platform]["default"] == "auto"
+    image = wd / f"containers/images/{platform}.sif"
     image.parent.mkdir(parents=True, exist_ok=True)
     image.touch()
     return image.relative_to(wd).as_posix()
@@ -302,14 +345,21 @@ def test_gpu_platform_jobs_get_their_image_and_device_flags(standin, tmp_path, p
     assert "--rocm" not in call["flags"]  # ROCm: device binds, never the host's ROCm libraries over the image's
 
 
-def test_a_missing_image_fails_the_job(standin, tmp_path):
+def test_a_missing_image_is_one_error_before_any_job(standin, tmp_path):
     wd = copy_workflow(tmp_path / "wf")
     target = f"{REDUCED['work_dir']}/data/corpus.jsonl"
     done, calls = with_standin(standin, wd, target, "--profile", "profiles/local-cpu", *study_overlay(wd),
                                check=False)
-    assert done.returncode != 0 and not (wd / target).exists()
-    assert [c["image_exists"] for c in calls] == [False]
-    assert "could not open image" in (wd / "results/containers/logs/corpus.log").read_text() + done.stderr
+    assert done.returncode != 0 and not (wd / target).exists() and calls == []
+    assert "containers.cpu: no image for platform cpu under --use-apptainer" in done.stderr
+    assert "containers/build.sh cpu" in done.stderr
+    overlay = study_overlay(wd, "named.yaml", containers={"cpu": "images/nowhere.sif"})
+    done, calls = with_standin(standin, wd, target, *overlay, check=False)
+    assert done.returncode != 0 and calls == []
+    assert "containers.cpu: image images/nowhere.sif not found under --use-apptainer" in done.stderr
+    # without --use-apptainer no image is needed
+    snakemake(wd, target, *study_overlay(wd), timeout=300)
+    assert (wd / target).exists()
 
 
 # ------------------------------------------------------------------ local profiles
@@ -332,3 +382,140 @@ def test_timed_runs_never_overlap_under_a_local_profile(tmp_path):
     spans = sorted((p["start_unix"], p["end_unix"]) for p in (
         json.loads(f.read_text()) for f in (wd / REDUCED["results_dir"] / "runs").glob("*/*/ws1/r0/provenance.json")))
     assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans
+
+
+# ------------------------------------------------------------------ images: which one, its digest, its unpacking
+def oci_archive(path, layers: list[dict[str, bytes | None]], env=("PATH=/opt/bin:/usr/bin",)) -> str:
+    """A minimal OCI archive: each layer maps a path to its content (None: a directory; a `.wh.` name: a
+    whiteout). Returns the manifest digest."""
+    import hashlib
+    import io
+    import tarfile
+
+    blobs, layer_descs = {}, []
+
+    def add(data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return digest
+
+    for layer in layers:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, content in layer.items():
+                info = tarfile.TarInfo(name)
+                if content is None:
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+                else:
+                    info.size = len(content)
+                    tar.addfile(info, io.BytesIO(content))
+        layer_descs.append({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": add(buf.getvalue()),
+                            "size": len(buf.getvalue())})
+    config = add(json.dumps({"config": {"Env": list(env)}}).encode())
+    manifest = add(json.dumps({"schemaVersion": 2, "config": {"digest": config}, "layers": layer_descs}).encode())
+    index = json.dumps({"schemaVersion": 2, "manifests": [{"digest": manifest}]}).encode()
+    with tarfile.open(path, "w") as tar:
+        for name, data in [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'), ("index.json", index)] + [
+                (f"blobs/sha256/{d.split(':')[1]}", b) for d, b in blobs.items()]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, __import__("io").BytesIO(data))
+    return manifest
+
+
+def load_adapter():
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("adapter", str(REPO / "tests/adapters/apptainer-over-bwrap"))
+    spec = importlib.util.spec_from_loader("adapter", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_the_adapter_unpacks_layers_and_applies_whiteouts(tmp_path, monkeypatch):
+    adapter = load_adapter()
+    archive = tmp_path / "img.oci.tar"
+    digest = oci_archive(archive, [
+        {"opt": None, "opt/keep": b"1", "opt/gone": b"2", "etc": None, "etc/old": None, "etc/old/a": b"3"},
+        {"opt/.wh.gone": b"", "etc/old/.wh..wh..opq": b"", "etc/old/b": b"4", "opt/new": b"5"},
+    ])
+    monkeypatch.setenv("APPTAINER_CACHEDIR", str(tmp_path / "cache"))
+    rootfs, config = adapter.rootfs_of(str(archive))
+    assert rootfs.name == digest.replace(":", "-") and config["config"]["Env"] == ["PATH=/opt/bin:/usr/bin"]
+    files = sorted(str(p.relative_to(rootfs)) for p in rootfs.rglob("*") if p.is_file())
+    assert files == ["etc/hosts", "etc/old/b", "etc/resolv.conf", "opt/keep", "opt/new"]
+    assert adapter.rootfs_of(str(archive))[0] == rootfs  # unpacked once per digest
+    # pull/build link the archive as the image file; anything but an OCI archive is refused by name
+    assert adapter.main(["pull", "--name", str(tmp_path / "x.simg"), f"oci-archive://{archive}"]) == 0
+    assert os.path.samefile(tmp_path / "x.simg", archive)
+    assert adapter.main(["pull", "--name", str(tmp_path / "y.simg"), "docker://debian:bookworm"]) == 255
+    (tmp_path / "fake.sif").write_bytes(b"SIF_MAGIC")
+    assert adapter.main(["exec", str(tmp_path / "fake.sif"), "true"]) == 255
+
+
+def test_the_adapter_gives_the_container_apptainers_environment(tmp_path, monkeypatch):
+    adapter = load_adapter()
+    monkeypatch.setenv("SINGULARITYENV_STUDY", "x")
+    monkeypatch.setenv("HOST_ONLY", "kept")
+    call = adapter.parse_exec(["--home", str(tmp_path), "--env", "A=1", "img", "bash"])
+    env = adapter.container_env(call, "/abs/img", {"config": {"Env": ["PATH=/opt/bin", "HOST_ONLY=image"]}},
+                                str(tmp_path))
+    assert env["PATH"] == "/opt/bin" and env["STUDY"] == "x" and "SINGULARITYENV_STUDY" not in env
+    assert env["HOST_ONLY"] == "kept" and env["A"] == "1" and env["HOME"] == str(tmp_path)
+    assert env["APPTAINER_CONTAINER"] == "/abs/img" and env["APPTAINER_NAME"] == "img"
+    clean = adapter.container_env(adapter.parse_exec(["--cleanenv", "img", "bash"]), "/abs/img", {}, "/h")
+    assert "HOST_ONLY" not in clean
+
+
+def test_provenance_reads_the_image_inside_and_nothing_on_the_host(tmp_path, monkeypatch):
+    from workflow_scripts.measure import container
+
+    monkeypatch.delenv("APPTAINER_CONTAINER", raising=False)
+    monkeypatch.delenv("SINGULARITY_CONTAINER", raising=False)
+    assert container.facts(tmp_path / "no-image.json") is None  # the host
+    archive = tmp_path / "img.oci.tar"
+    digest = oci_archive(archive, [{"opt": None}])
+    baked = tmp_path / "image.json"
+    baked.write_text(json.dumps({"recipe_commit": "abc", "platform": "cpu"}))
+    monkeypatch.setenv("APPTAINER_CONTAINER", str(archive))
+    facts = container.facts(baked)
+    assert facts["digest"] == digest and facts["digest_kind"] == "oci-manifest"
+    assert facts["baked"]["recipe_commit"] == "abc"
+    sif = tmp_path / "img.sif"
+    sif.write_bytes(b"SIF_MAGIC" + bytes(100))
+    monkeypatch.setenv("APPTAINER_CONTAINER", str(sif))
+    import hashlib
+
+    facts = container.facts(baked)
+    assert facts["digest"] == "sha256:" + hashlib.sha256(sif.read_bytes()).hexdigest()
+    assert facts["digest_kind"] == "file-sha256" and (tmp_path / "img.sif.sha256").exists()  # hashed once
+
+
+def test_auto_finds_the_built_image_and_a_rebuilt_archive_is_converted_again(tmp_path, monkeypatch):
+    from workflow_scripts import container_image as ci
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ci.ImageError, match=r"containers\.cpu: no image .* `containers/build.sh cpu`"):
+        ci.settle("auto", "cpu", using_apptainer=True, image_dir=".snakemake/singularity")
+    assert ci.settle("auto", "cpu", using_apptainer=False, image_dir="x") == "containers/images/cpu.sif"
+    (tmp_path / "containers/images").mkdir(parents=True)
+    archive = tmp_path / "containers/images/cpu.oci.tar"
+    archive.write_bytes(b"v1")
+    url = ci.settle("auto", "cpu", using_apptainer=True, image_dir=".snakemake/singularity")
+    assert url == f"oci-archive://{archive}"
+    assert ci.resolve("oci-archive://containers/images/cpu.oci.tar", "cpu") == url  # absolute: pulled elsewhere
+    converted = tmp_path / ".snakemake/singularity" / (__import__("hashlib").md5(url.encode()).hexdigest() + ".simg")
+    converted.parent.mkdir(parents=True)
+    os.link(archive, converted)
+    assert ci.drop_stale_conversion(url, ".snakemake/singularity") is None  # the archive itself: fresh
+    (tmp_path / "new.tar").write_bytes(b"v2")
+    os.utime(tmp_path / "new.tar", (converted.stat().st_mtime + 10,) * 2)
+    os.replace(tmp_path / "new.tar", archive)  # containers/build.sh's rename
+    assert ci.drop_stale_conversion(url, ".snakemake/singularity") == ".snakemake/singularity/" + converted.name
+    assert not converted.exists()
+    (tmp_path / "containers/images/cpu.sif").write_bytes(b"")
+    assert ci.settle("auto", "cpu", using_apptainer=True, image_dir="x") == "containers/images/cpu.sif"
+    assert ci.settle("docker://x/y:1", "cpu", using_apptainer=True, image_dir="x") == "docker://x/y:1"

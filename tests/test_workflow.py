@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, copy_workflow, snakemake
+from conftest import REPO, assert_default_study_losses, copy_workflow, snakemake
 
 STRATEGIES = yaml.safe_load((REPO / "config.yaml").read_text())["strategies"]
 
@@ -126,16 +126,7 @@ def test_training_lowers_validation_loss(runs):
 def test_losses_are_those_of_the_code_before_the_package_move(default_study, runs, steps):
     """The house move (packages by stage, layouts, the engine owning the step) changed no number: every strategy's
     per-step losses and validation losses equal those recorded on main before the move, bit for bit."""
-    expected = json.loads((REPO / "tests/expected/default_study_losses.json").read_text())["runs"]
-    assert sorted(expected) == sorted(runs.index)
-    for name, want in expected.items():
-        assert runs.loc[name, "status"] == want["status"], name
-        if want["status"] != "ok":
-            continue
-        got = steps[steps.strategy == name].sort_values("step").loss.tolist()
-        assert got == want["loss"], name
-        assert runs.loc[name, "val_loss_initial"] == want["val_loss_initial"], name
-        assert runs.loc[name, "val_loss_final"] == want["val_loss_final"], name
+    assert_default_study_losses(runs, steps)
 
 
 def test_ddp_zero0_and_zero1_agree_at_the_first_steps(steps):

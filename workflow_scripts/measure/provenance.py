@@ -1,5 +1,6 @@
 """Where a number came from: code version, config, packages, devices, the machine (measure/machine.py: driver,
-CUDA runtime, NCCL, topology, clocks, power limits, CPU model), host, container, scheduler, times.
+CUDA runtime, NCCL, topology, clocks, power limits, CPU model), host, container (measure/container.py: the
+image's digest and recipe commit), scheduler, times.
 
 The git commit is the project's own: that of the repository whose top level holds this code. A copy of the
 project without its own .git inside another repository records no commit (and says why), never the other one's.
@@ -18,7 +19,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from workflow_scripts.measure import machine
+from workflow_scripts.measure import container, machine
 
 PACKAGES = ("torch", "deepspeed", "transformers", "datasets", "tokenizers", "snakemake", "nvidia-ml-py", "amdsmi")
 ENV_FACTS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER",
@@ -86,6 +87,7 @@ def collect(run_cfg: dict, start: float, end: float, study_cfg_hash: str | None 
         "os": platform.platform(),
         "env": {k: os.environ[k] for k in ENV_FACTS if k in os.environ},
         "container": os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER"),
+        "image": container.facts(),  # the image's digest and recipe commit, read inside it; None on the host
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "substitutions": run_cfg.get("substitutions", []),
         "start_unix": start,

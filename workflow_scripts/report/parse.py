@@ -58,6 +58,14 @@ def machine_columns(m: dict) -> dict:
             "power_limit_w": ",".join(sorted({f"{g['power_limit_w']:g}" for g in gpus})) or None}
 
 
+def image_columns(image: dict | None) -> dict:
+    """The image a run ran in (measure/container.py); empty on the host."""
+    image = image or {}
+    baked = image.get("baked") or {}
+    return {"image_digest": image.get("digest"), "image_recipe_commit": (baked.get("recipe_commit") or "")[:12] or None,
+            "image_recipe_dirty": baked.get("recipe_dirty")}
+
+
 def provenance_row(run_dir: Path, row: dict) -> dict:
     path = run_dir / C.PROVENANCE
     if not path.exists():
@@ -70,7 +78,8 @@ def provenance_row(run_dir: Path, row: dict) -> dict:
             **{f"{k}": v for k, v in p.get("packages", {}).items()},
             "cuda": devices.get("torch_cuda"), "rocm": devices.get("torch_hip"),
             "devices": f"{devices.get('device_count', 0)} x {names}", **machine_columns(p.get("machine") or {}),
-            "host": p.get("host"), "container": p.get("container"), "slurm_job_id": p.get("slurm_job_id"),
+            "host": p.get("host"), "container": p.get("container"), **image_columns(p.get("image")),
+            "slurm_job_id": p.get("slurm_job_id"),
             "start_unix": p.get("start_unix"), "end_unix": p.get("end_unix"),
             "substitutions": "; ".join(p.get("substitutions") or []), "settings": row["settings"]}
 

@@ -113,6 +113,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.platform == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir("auto", a.platform))  # in a container: its own
     result = {"op": a.op, "platform": a.platform, "torch_extensions_dir": os.environ.get("TORCH_EXTENSIONS_DIR"),
               **build(a.op)}
     print(json.dumps(result, indent=2), flush=True)

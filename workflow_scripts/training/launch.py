@@ -39,6 +39,10 @@ def environment(spec: dict) -> dict:
         env["OMP_NUM_THREADS"] = str(spec["train"].get("threads_per_rank", 1))
     if spec.get("torch_extensions_dir"):  # a spec run by hand may name its own; else the workflow's (common.smk)
         env["TORCH_EXTENSIONS_DIR"] = os.path.abspath(spec["torch_extensions_dir"])
+    elif not env.get("TORCH_EXTENSIONS_DIR"):  # in a container: the image's toolchain, as its build_ops job found
+        from workflow_scripts.training.build_ops import extensions_dir
+
+        env["TORCH_EXTENSIONS_DIR"] = extensions_dir("auto", spec["platform"])
     env["PIPELINE_STEP_FILE"] = os.path.abspath(os.path.join(spec["work_dir"], "step"))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
