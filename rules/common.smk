@@ -32,6 +32,9 @@ R = config["results_dir"]
 W = config["work_dir"]
 PLATFORM = config["platform"]
 RUN = f"{R}/runs/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}"  # layout: ws2, dp2-pp2-tp2, ...
+PROFILE = bool(config["profile"]["enabled"])
+# a run's raw profiler traces (config profile): study.trace_dir names the same directory in the run's spec
+TRACES = study.trace_dir(config, "{model}", "{strategy}", "{layout}", "{repeat}")
 try:  # the image of every rule under --use-apptainer: a missing one is an error now, not at the first job
     IMAGE = container_image.settle(
         config["containers"][PLATFORM],
@@ -66,8 +69,15 @@ def run_dirs():
 
 
 def all_outputs():
-    return [f"{R}/tables/summary.md", f"{R}/tables/runs.csv"] + expand(
-        f"{R}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"]
+    traced = (
+        [f"{R}/tables/traces.csv", f"{R}/figures/traces.png", f"{R}/figures/traces.pdf"]
+        if PROFILE
+        else []
+    )
+    return (
+        [f"{R}/tables/summary.md", f"{R}/tables/runs.csv"]
+        + expand(f"{R}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"])
+        + traced
     )
 
 

@@ -29,6 +29,7 @@ rule train:
         vram=f"{RUN}/vram.csv",
         settings=f"{RUN}/strategy_settings.json",
         provenance=f"{RUN}/provenance.json",
+        **({"traces": directory(TRACES)} if PROFILE else {}),
     log:
         f"{R}/logs/train/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}.log",
     container:

@@ -26,7 +26,7 @@ RUNS_COLUMNS = (
     "final_loss val_loss_initial val_loss_final val_ppl_final predicted_model_state_bytes predicted_host_state_bytes "
     "sampler_status sampler_peak_device_bytes sampler_peak_host_bytes provenance settings").split()
 STEPS_COLUMNS = ("run_id model strategy world_size repeat step epoch loss lr step_time_s forward_s backward_s "
-                 "optimizer_s tokens samples warmup wall_s").split()
+                 "optimizer_s tokens samples warmup wall_s profiled").split()
 VRAM_COLUMNS = ("run_id model strategy world_size repeat time_unix t_s backend device used_bytes total_bytes "
                 "process_bytes step").split()
 

@@ -15,7 +15,7 @@ OOM_MARKER = "oom_rank{rank}.json"
 
 # one row per optimizer step, written by the training loop
 METRIC_COLUMNS = ["step", "epoch", "loss", "lr", "step_time_s", "forward_s", "backward_s", "optimizer_s",
-                  "tokens", "samples", "warmup", "wall_s"]
+                  "tokens", "samples", "warmup", "wall_s", "profiled"]
 # one row per VRAM sample, written by the sampler (measure/vram)
 SAMPLER_COLUMNS = ["time_unix", "t_s", "backend", "device", "used_bytes", "total_bytes", "process_bytes", "step"]
 
@@ -29,4 +29,4 @@ VRAM_COLUMNS = ID_COLUMNS + SAMPLER_COLUMNS
 
 # ---------------------------------------------------------------- figures (rules/figures.smk and report/figures.py)
 FIGURES = ["loss_curves", "peak_memory", "throughput", "time_per_epoch", "mfu", "memory_timeline",
-           "memory_vs_throughput", "scaling", "layouts"]
+           "memory_vs_throughput", "scaling", "layouts", "phases"]

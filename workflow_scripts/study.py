@@ -78,6 +78,14 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
         "out_dir": out_dir,
         "work_dir": work_dir,
     }
+    if config["profile"].get("enabled"):  # only then: a spec without traces stays what it was
+        spec["profile"] = config["profile"]
+        spec["trace_dir"] = trace_dir(config, model, strategy, layout.key, repeat)
     # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
     spec["train"]["seed"] = config["train"]["seed"] + int(repeat)
     return spec
+
+
+def trace_dir(config: dict, model: str, strategy: str, layout: str, repeat) -> str:
+    """Where a run's raw profiler traces go (work_dir: large, compressed, not results)."""
+    return f"{config['work_dir']}/traces/{model}/{strategy}/{layout}/r{repeat}"

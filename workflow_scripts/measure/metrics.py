@@ -79,7 +79,8 @@ def steady(rows: list[dict], checkpoint_every: int = 0) -> list[dict]:
     def after_save(step: int) -> bool:
         return bool(checkpoint_every) and step > 1 and (step - 1) % checkpoint_every == 0
 
-    out = [r for r in rows if not _true(r["warmup"]) and not after_save(int(r["step"]))]
+    out = [r for r in rows if not _true(r["warmup"]) and not _true(r.get("profiled"))
+           and not after_save(int(r["step"]))]
     return out or list(rows)
 
 

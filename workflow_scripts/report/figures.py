@@ -256,6 +256,54 @@ def mfu_figure(data: Data) -> plt.Figure:
     return fig
 
 
+# ---------------------------------------------------------------- the step's phases
+PHASES = [("forward_median_s", "forward"), ("backward_median_s", "backward"),
+          ("optimizer_median_s", "optimizer step"), (None, "other (data, logging, gaps)")]
+
+
+def phases_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict) -> None:
+    """Per strategy one stacked bar: the median forward, backward and optimizer times of a step and the rest of the
+    median step; the error bar is the median step's 95% CI over repeats."""
+    for x, row in enumerate(rows.itertuples()):
+        parts = [getattr(row, col) if col else None for col, _ in PHASES[:-1]]
+        step = row.step_time_median_s
+        if row.status != "ok":
+            mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
+            continue
+        if pd.isna(step) or any(pd.isna(p) for p in parts):
+            mark_missing(ax, x, "n/a")
+            continue
+        parts.append(max(step - sum(parts), 0.0))
+        bottom = 0.0
+        for (_, label), value, colour in zip(PHASES, parts, colours):
+            handles[label] = ax.bar(x, 1000 * value, 0.8, bottom=bottom, color=colour)
+            bottom += 1000 * value
+        half = row.step_time_median_s_ci95
+        if not pd.isna(half):
+            ax.errorbar(x, 1000 * max(step, bottom / 1000), yerr=1000 * half, color="black", capsize=3, lw=1)
+    strategy_ticks(ax, list(rows["strategy"]))
+    ax.set_ylim(bottom=0)
+
+
+def phases_figure(data: Data) -> plt.Figure:
+    """Where a step's time goes, per strategy: forward, backward, optimizer (timed in the step loop: CUDA events on
+    GPU, perf_counter on CPU) and the rest."""
+    keys = panel_keys(data.summary)
+    fig, axes = grid(len(keys), data.style, legend_width=2.2)
+    colours = sns.color_palette("muted", 4)
+    handles: dict = {}
+    for ax, (model, layout) in zip(axes, keys):
+        phases_panel(ax, panel_rows(data.summary, model, layout), colours, handles)
+        ax.set_title(panel_title(data.summary, model, layout))
+        ax.set_ylabel("median step (ms)")
+    if not keys:
+        empty_note(axes[0], "no runs")
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5),
+                   frameon=False)
+    return fig
+
+
 # ---------------------------------------------------------------- peak memory
 GPU_MEMORIES = [("peak_allocated_bytes", "torch max_memory_allocated"),
                 ("peak_reserved_bytes", "torch max_memory_reserved"),
@@ -598,7 +646,7 @@ def layouts_figure(data: Data) -> plt.Figure:
 BUILDERS = {"loss_curves": loss_curves_figure, "peak_memory": peak_memory_figure, "throughput": throughput_figure,
             "time_per_epoch": time_per_epoch_figure, "mfu": mfu_figure, "memory_timeline": memory_timeline_figure,
             "memory_vs_throughput": memory_vs_throughput_figure, "scaling": scaling_figure,
-            "layouts": layouts_figure}
+            "layouts": layouts_figure, "phases": phases_figure}
 assert list(BUILDERS) == FIGURES
 
 

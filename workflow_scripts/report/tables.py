@@ -55,7 +55,8 @@ STATUS_WORD = {"oom": "OOM", "unsupported": "unsupported", "failed": "failed"}
 METRICS = ["time_per_epoch_s", "train_time_s", "tokens_per_s", "samples_per_s", "mfu", "final_loss",
            "initial_loss", "val_loss_final", "step_time_median_s", "peak_memory_bytes", "peak_allocated_bytes",
            "peak_reserved_bytes", "sampler_peak_device_bytes", "peak_host_rss_bytes", "sampler_peak_host_bytes",
-           "predicted_model_state_bytes", "predicted_host_state_bytes"]
+           "predicted_model_state_bytes", "predicted_host_state_bytes", "forward_median_s", "backward_median_s",
+           "optimizer_median_s"]
 # configuration: taken from the group's first successful run (the same for every repeat)
 CONFIG = ["world_size", "family", "zero_stage", "platform", "device_name", "precision", "n_params", "n_layer", "seq_len",
           "micro_batch", "grad_accum", "effective_batch", "tokens_per_step", "epochs", "train_samples", "in_figures"]
@@ -274,17 +275,23 @@ def fmt_int(x) -> str:
 
 # ---------------------------------------------------------------- the summary table
 COLUMNS = ["Strategy", "Model", "Parameters", "GPUs", "Batch", "Epochs", "Samples", "Time/epoch (s)",
-           "Peak memory", "Final loss", "Tokens/s", "MFU (%)", "Repeats", "Status", "Provenance"]
+           "Step: fwd / bwd / opt (ms)", "Peak memory", "Final loss", "Tokens/s", "MFU (%)", "Repeats", "Status", "Provenance"]
+
+
+def phase_cell(row) -> str:
+    """Median forward / backward / optimizer time of a step (mean over repeats), as timed in the step loop."""
+    values = [row[f"{phase}_median_s"] for phase in ("forward", "backward", "optimizer")]
+    return "–" if any(pd.isna(v) for v in values) else " / ".join(fmt_number(1000 * v) for v in values)
 
 
 def metric_cells(row, unit: tuple[str, float], pm: str, mark) -> list[str]:
-    """Time/epoch, peak memory, final loss, tokens/s, MFU: mean ± CI, or the status word."""
+    """Time/epoch, the step's phases, peak memory, final loss, tokens/s, MFU: mean ± CI, or the status word."""
     if row["status"] != "ok":
-        return [STATUS_WORD.get(row["status"], row["status"])] * 5
+        return [STATUS_WORD.get(row["status"], row["status"])] * 6
     memory = fmt_mean_ci(row["peak_memory_bytes"] / unit[1], row["peak_memory_bytes_ci95"] / unit[1], pm=pm)
     sources = [s for s in str(row["peak_memory_source"]).split(";") if s]
     memory += "".join(mark(MEMORY_SOURCES[s][0]) for s in sources) if memory != "–" else ""
-    return [fmt_mean_ci(row["time_per_epoch_s"], row["time_per_epoch_s_ci95"], pm=pm), memory,
+    return [fmt_mean_ci(row["time_per_epoch_s"], row["time_per_epoch_s_ci95"], pm=pm), phase_cell(row), memory,
             fmt_mean_ci(row["final_loss"], row["final_loss_ci95"], decimals=3, pm=pm),
             fmt_mean_ci(row["tokens_per_s"], row["tokens_per_s_ci95"], decimals=0, pm=pm),
             fmt_mean_ci(100 * row["mfu"], 100 * row["mfu_ci95"], pm=pm)]

@@ -19,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -112,6 +113,9 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
     out_dir, work_dir = Path(spec["out_dir"]), Path(spec["work_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
+    if spec.get("trace_dir"):  # the job's output even when the run ends unsupported or out of memory
+        shutil.rmtree(spec["trace_dir"], ignore_errors=True)  # never a trace of an earlier attempt
+        Path(spec["trace_dir"]).mkdir(parents=True)
     spec_path = out_dir / C.RUN_SPEC
     spec_path.write_text(json.dumps(spec, indent=2))
     env = environment(spec)

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from workflow_scripts import columns as C
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.measure.clock import PhaseClock
+from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
 from workflow_scripts.training import harness
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
@@ -127,8 +128,8 @@ class StepLog:
     (every `log_every` steps) synchronises once, averages the losses over ranks, turns marks into phase times,
     prints a log line and writes TensorBoard scalars."""
 
-    def __init__(self, run: Run, rows: list[dict], start_step: int):
-        self.run, self.rows, self.start_step = run, rows, start_step
+    def __init__(self, run: Run, rows: list[dict], start_step: int, profiled=lambda step: False):
+        self.run, self.rows, self.start_step, self.profiled = run, rows, start_step, profiled
         self.clock = PhaseClock(run.ctx.device)
         self.pending: list[dict] = []
         self.prev_end = None
@@ -178,6 +179,7 @@ class StepLog:
                 "optimizer_s": clock.seconds(marks["opt"], marks["end"]),
                 "tokens": run.ctx.effective_batch * run.seq_len, "samples": run.ctx.effective_batch,
                 "warmup": p["step"] - self.start_step < run.t["timing_warmup_steps"],
+                "profiled": self.profiled(p["step"]),
                 "wall_s": p["wall"] - self.t_start}
 
     def close(self, val_final: float) -> None:
@@ -198,27 +200,31 @@ def train(spec: dict) -> dict | None:
     if val_initial is None:
         val_initial = evaluate(engine, run.val, ctx, run.eval_samples)
 
-    log = StepLog(run, state["rows"], state["step"])
+    profiler = StepProfiler(spec, ctx, state["step"], run.total_steps)
+    log = StepLog(run, state["rows"], state["step"], profiler.profiled)
     publisher = StepPublisher(os.environ.get("PIPELINE_STEP_FILE") if ctx.rank == 0 else None)
     inject_oom = (t.get("fault_injection") or {}).get("oom_at_step")
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    for step in range(state["step"], run.total_steps):
-        publisher.publish(step + 1)
-        if inject_oom is not None and step + 1 == inject_oom and ctx.rank == 0:
-            raise torch.OutOfMemoryError(f"injected allocation failure at step {step + 1} (fault_injection)")
-        lr = lr_at(step, t, run.total_steps)
-        loss, marks = engine.train_step(run.batches.micro_batches(step), lr, log.clock)
-        log.add(step, loss, lr, marks)
-        done = step + 1
-        if done % t["log_every"] == 0 or done == run.total_steps:
-            log.flush()
-        if t["checkpoint_every"] and done % t["checkpoint_every"] == 0 and done < run.total_steps:
-            log.flush()
-            save_checkpoint(engine, run.ckpt_dir, done,
-                            {"step": done, "rows": log.rows, "val_loss_initial": val_initial,
-                             "config_hash": config_hash}, ctx.rank)
-            log.untimed_gap()
+    with profiler:
+        profiler.annotate(engine)
+        for step in range(state["step"], run.total_steps):
+            publisher.publish(step + 1)
+            if inject_oom is not None and step + 1 == inject_oom and ctx.rank == 0:
+                raise torch.OutOfMemoryError(f"injected allocation failure at step {step + 1} (fault_injection)")
+            lr = lr_at(step, t, run.total_steps)
+            loss, marks = engine.train_step(run.batches.micro_batches(step), lr, log.clock)
+            log.add(step, loss, lr, marks)
+            profiler.step()
+            done = step + 1
+            if done % t["log_every"] == 0 or done == run.total_steps:
+                log.flush()
+            if t["checkpoint_every"] and done % t["checkpoint_every"] == 0 and done < run.total_steps:
+                log.flush()
+                save_checkpoint(engine, run.ckpt_dir, done,
+                                {"step": done, "rows": log.rows, "val_loss_initial": val_initial,
+                                 "config_hash": config_hash}, ctx.rank)
+                log.untimed_gap()
     log.flush()
     publisher.publish(run.total_steps + 1)
     val_final = evaluate(engine, run.val, ctx, run.eval_samples)

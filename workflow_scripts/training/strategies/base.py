@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import torch
 import torch.nn.functional as F
 
+from workflow_scripts.measure.profile import phase
 from workflow_scripts.training.models import transformer_blocks
 
 if TYPE_CHECKING:
@@ -78,13 +79,16 @@ class Engine:
         for m, tokens in enumerate(micro_batches):
             with self.micro_step(last=m == self.ctx.accum - 1):
                 a = clock.mark()
-                loss = self.forward_loss(tokens)
+                with phase(self, "forward"):
+                    loss = self.forward_loss(tokens)
                 b = clock.mark()
-                self.backward(loss)
+                with phase(self, "backward"):
+                    self.backward(loss)
                 marks["micro"].append((a, b, clock.mark()))
             loss_sum += loss.detach().float()
         marks["opt"] = clock.mark()
-        self.optimizer_step(lr)
+        with phase(self, "optimizer"):
+            self.optimizer_step(lr)
         marks["end"] = clock.mark()
         return loss_sum / self.ctx.accum, marks
 

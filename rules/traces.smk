@@ -1,0 +1,39 @@
+# Stage 5b, with config profile.enabled: each run's profiler traces (written by the train job into work_dir) ->
+# the run's phase table and HTA breakdowns; then the study's trace table and figure.
+
+
+rule analyse_traces:
+    input:
+        traces=TRACES,
+    output:
+        analysis=f"{RUN}/traces/analysis.json",
+        phases=f"{RUN}/traces/phases.csv",
+    log:
+        f"{R}/logs/traces/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}.log",
+    container:
+        IMAGE
+    params:
+        top=config["profile"]["top_kernels"],
+    shell:
+        "python3 -m workflow_scripts.report.traces analyse --traces {input.traces} --top {params.top} "
+        "--out-dir $(dirname {output.analysis}) > {log} 2>&1"
+
+
+rule trace_report:
+    input:
+        [f"{d}/traces/analysis.json" for d in run_dirs()],
+    output:
+        table=f"{R}/tables/traces.csv",
+        png=report(
+            f"{R}/figures/traces.png",
+            caption="../report/captions/traces.rst",
+            category="Figures",
+        ),
+        pdf=f"{R}/figures/traces.pdf",
+    log:
+        f"{R}/logs/trace_report.log",
+    container:
+        IMAGE
+    shell:
+        "python3 -m workflow_scripts.report.traces report --analyses {input} --table {output.table} "
+        "--figure {output.png} > {log} 2>&1"

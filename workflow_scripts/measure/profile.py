@@ -1,0 +1,77 @@
+"""torch.profiler over a window of training steps, one Kineto trace per rank (config `profile`, default off).
+
+    profile: {enabled: true, wait: 0, warmup: 1, active: 3, ranks: all}
+
+The window opens after the run's timing warm-up plus `wait` steps: `warmup` steps traced but discarded (the
+profiler's own start-up), then `active` steps recorded. Those steps carry `profiled = true` in metrics.csv and are
+left out of throughput, MFU and the phase medians (measure.metrics.steady), like the timing warm-up. The trace of
+rank r goes to <trace_dir>/rank<r>.json.gz (gzip: a GPU step of a billion-parameter model is tens of MB raw);
+report.traces analyses it. The engine's step is annotated (forward / backward / optimizer) only while tracing.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+
+def traced_ranks(cfg: dict, world_size: int) -> list[int]:
+    ranks = cfg.get("ranks", "all")
+    return list(range(world_size)) if ranks == "all" else sorted(r for r in ranks if r < world_size)
+
+
+class StepProfiler:
+    """`with StepProfiler(...) as prof:` around the step loop; `prof.step()` after every step."""
+
+    def __init__(self, spec: dict, ctx, first_step: int, total_steps: int):
+        cfg = spec.get("profile") or {}
+        self.enabled = bool(cfg.get("enabled")) and ctx.rank in traced_ranks(cfg, ctx.world_size)
+        start = first_step + spec["train"]["timing_warmup_steps"] + cfg.get("wait", 0)
+        self.window = range(start, min(start + cfg.get("warmup", 1) + cfg.get("active", 3), total_steps))
+        self.active_from = start + cfg.get("warmup", 1)
+        self.path = Path(spec.get("trace_dir") or ".") / f"rank{ctx.rank}.json.gz"
+        self.first_step, self.cfg, self.ctx, self.prof, self.written = first_step, cfg, ctx, None, False
+
+    def profiled(self, step: int) -> bool:
+        """Whether this 0-based step runs under the profiler (warm-up or recorded): left out of the timing."""
+        return bool(self.cfg.get("enabled")) and step in self.window
+
+    def __enter__(self):
+        if not self.enabled or not len(self.window):
+            return self
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.ctx.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        schedule = torch.profiler.schedule(skip_first=self.window.start - self.first_step, wait=0, warmup=self.active_from - self.window.start,
+                                           active=self.window.stop - self.active_from, repeat=1)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.prof = torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=self._write,
+                                           record_shapes=bool(self.cfg.get("record_shapes")),
+                                           with_stack=bool(self.cfg.get("with_stack")),
+                                           profile_memory=bool(self.cfg.get("memory")))
+        self.prof.__enter__()
+        return self
+
+    def _write(self, prof) -> None:
+        prof.export_chrome_trace(str(self.path))
+        self.written = True
+
+    def annotate(self, engine) -> None:
+        """Named ranges for the engine's phases while a trace is taken (report.traces reads them)."""
+        engine.phase = torch.profiler.record_function if self.prof is not None else None
+
+    def step(self) -> None:
+        if self.prof is not None:
+            self.prof.step()
+
+    def __exit__(self, *exc):
+        if self.prof is not None:
+            self.prof.__exit__(*exc)
+        return False
+
+
+def phase(engine, name: str):
+    """The engine's step phases as profiler ranges, or nothing when no trace is taken."""
+    record = getattr(engine, "phase", None)
+    return record(name) if record is not None else contextlib.nullcontext()

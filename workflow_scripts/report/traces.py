@@ -1,0 +1,250 @@
+"""Stage 5b (config `profile.enabled`): a run's profiler traces -> where each recorded step's time went.
+
+    python3 -m workflow_scripts.report.traces analyse --traces <dir of rank<r>.json.gz> --out-dir <run>/traces
+    python3 -m workflow_scripts.report.traces report --analyses <run>/traces/analysis.json ... --table <csv> --figure <png>
+
+Two analyses of every traced rank (measure/profile.py writes one trace per rank):
+  * phases, every trace (CPU or GPU): per recorded step (ProfilerStep#N), the engine's ranges forward / backward /
+    optimizer — on the GPU timeline where the trace has one (Kineto's gpu_user_annotation: kernel time), else on the
+    host — the rest of the step, the time inside collectives (union of gloo:/nccl: ranges, or NCCL kernels on GPU)
+    and how much of it ran while forward or backward did (overlap).
+  * Holistic Trace Analysis (HTA, `holistictraceanalysis`), GPU traces: temporal breakdown (compute / non-compute /
+    idle), communication-computation overlap, the top kernels and the idle-time breakdown per rank. HTA reads GPU
+    kernels only: on a CPU trace it has nothing to read (HTA 0.5 fails on one), so CPU runs get the phases alone and
+    analysis.json says why.
+Outputs: analysis.json (everything, with the method of each table) and phases.csv per run; the study's
+tables/traces.csv (one row per run and rank) and figures/traces.png/pdf.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+PHASES = ("forward", "backward", "optimizer")
+COLLECTIVE = re.compile(r"^(gloo|nccl|rccl):")  # the process group's own ranges around each collective
+NCCL_KERNEL = re.compile(r"nccl|rccl", re.I)
+
+
+def load_trace(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def intersect(xs, ys) -> float:
+    """Total length of the intersection of two sorted, disjoint interval lists."""
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, hi - lo)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def clip(events, a: float, b: float) -> list[tuple[float, float]]:
+    return [(max(e["ts"], a), min(e["ts"] + e["dur"], b)) for e in events if e["ts"] < b and e["ts"] + e["dur"] > a]
+
+
+def step_phases(trace: dict) -> tuple[list[dict], str]:
+    """Per recorded step: its phases and communication in ms; and where they were read (gpu or host)."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    steps = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    gpu_ranges = [e for e in events if e.get("cat") == "gpu_user_annotation" and e["name"] in PHASES]
+    where = "gpu" if gpu_ranges else "host"
+    ranges = gpu_ranges or [e for e in events if e.get("cat") == "user_annotation" and e["name"] in PHASES]
+    if where == "gpu":
+        comm = [e for e in events if e.get("cat") == "kernel" and NCCL_KERNEL.search(e["name"])]
+    else:
+        comm = [e for e in events if e.get("cat") == "user_annotation" and COLLECTIVE.match(e["name"])]
+    rows = []
+    for s in sorted(steps, key=lambda e: e["ts"]):
+        a, b = s["ts"], s["ts"] + s["dur"]
+        if where == "gpu":  # GPU work of a step starts after its launch: the step spans its ranges on the device
+            inside = [e for e in ranges if a <= e["ts"] + e["dur"] / 2 and e["ts"] < b + s["dur"]]
+            if inside:
+                a, b = min(e["ts"] for e in inside), max(e["ts"] + e["dur"] for e in inside)
+        phase = {p: union(clip([e for e in ranges if e["name"] == p], a, b)) for p in PHASES}
+        comm_u = union(clip(comm, a, b))
+        compute = union(phase["forward"] + phase["backward"])
+        busy = length(union(sum(phase.values(), [])))
+        step_ms = (b - a) / 1000
+        row = {"step": int(s["name"].split("#")[1]), "step_ms": step_ms,
+               **{f"{p}_ms": length(phase[p]) / 1000 for p in PHASES},
+               "other_ms": max(step_ms - busy / 1000, 0.0), "comm_ms": length(comm_u) / 1000,
+               "comm_overlapped_ms": intersect(comm_u, compute) / 1000}
+        row["comm_overlap_pct"] = 100 * row["comm_overlapped_ms"] / row["comm_ms"] if row["comm_ms"] else None
+        rows.append(row)
+    return rows, where
+
+
+def hta_tables(files: dict[int, Path], top: int) -> tuple[dict, str | None]:
+    """HTA's breakdowns of GPU traces as records; (tables, why not) — HTA reads GPU kernels only."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError as exc:
+        return {}, f"HTA not installed ({exc})"
+    try:
+        analysis = TraceAnalysis(trace_files={r: str(p) for r, p in files.items()},
+                                 trace_dir=str(next(iter(files.values())).parent))
+        temporal = analysis.get_temporal_breakdown(visualize=False)
+        overlap = analysis.get_comm_comp_overlap(visualize=False)
+        kernel_types, kernels = analysis.get_gpu_kernel_breakdown(visualize=False, num_kernels=top)
+        idle, _ = analysis.get_idle_time_breakdown(ranks=sorted(files), visualize=False)
+    except Exception as exc:  # noqa: BLE001 - recorded: the phase analysis still stands
+        return {}, f"HTA failed: {type(exc).__name__}: {str(exc).strip()[:300]}"
+
+    def records(df: pd.DataFrame) -> list[dict]:
+        return json.loads(df.reset_index(drop=df.index.name is None).to_json(orient="records"))
+
+    return {"temporal": records(temporal), "overlap": records(overlap), "kernel_types": records(kernel_types),
+            "top_kernels": records(kernels), "idle": records(idle)}, None
+
+
+def analyse(trace_dir: Path, out_dir: Path, top: int = 10) -> dict:
+    files = {int(m.group(1)): p for p in sorted(trace_dir.glob("rank*.json*"))
+             if (m := re.match(r"rank(\d+)\.json", p.name))}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    phases, where = [], {}
+    for rank, path in files.items():
+        rows, where[rank] = step_phases(load_trace(path))
+        phases += [{"rank": rank, **r} for r in rows]
+    on_gpu = any(w == "gpu" for w in where.values()) or any(
+        e.get("cat") == "kernel" for p in list(files.values())[:1] for e in load_trace(p).get("traceEvents", []))
+    hta, why = hta_tables(files, top) if on_gpu else ({}, "a CPU trace has no GPU kernels, which is all HTA reads")
+    result = {"trace_dir": str(trace_dir), "ranks": sorted(files), "phases_read_on": where,
+              "phases": phases, "hta": hta, "hta_why_not": why,
+              "note": None if files else "no trace: the run ended before the profiler window (or failed)"}
+    pd.DataFrame(phases, columns=["rank", "step", "step_ms", *[f"{p}_ms" for p in PHASES], "other_ms", "comm_ms",
+                                  "comm_overlapped_ms", "comm_overlap_pct"]).to_csv(out_dir / "phases.csv",
+                                                                                    index=False)
+    (out_dir / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+# ---------------------------------------------------------------- the study's table and figure
+def run_ids(path: Path) -> dict:
+    """model / strategy / layout / repeat of <results>/runs/<model>/<strategy>/<layout>/r<K>/traces/analysis.json."""
+    model, strategy, layout, repeat = path.parts[-6:-2]
+    return {"model": model, "strategy": strategy, "layout": layout, "repeat": int(repeat[1:])}
+
+
+def study_table(paths: list[Path]) -> pd.DataFrame:
+    rows = []
+    for path in paths:
+        a = json.loads(path.read_text())
+        ids = run_ids(path)
+        phases = pd.DataFrame(a["phases"])
+        temporal = {t["rank"]: t for t in a["hta"].get("temporal", [])}
+        overlap = {o["rank"]: o for o in a["hta"].get("overlap", [])}
+        for rank in a["ranks"]:
+            mine = phases[phases["rank"] == rank] if len(phases) else phases
+            row = {**ids, "rank": rank, "steps": len(mine), "phases_read_on": a["phases_read_on"].get(str(rank))}
+            for col in ("step_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms", "comm_ms",
+                        "comm_overlap_pct"):
+                row[col] = mine[col].astype(float).mean() if len(mine) else None
+            t = temporal.get(rank, {})
+            row.update({"hta_compute_pct": t.get("compute_time_pctg"), "hta_non_compute_pct":
+                        t.get("non_compute_time_pctg"), "hta_idle_pct": t.get("idle_time_pctg"),
+                        "hta_comm_overlap_pct": overlap.get(rank, {}).get("comp_comm_overlap_pctg"),
+                        "hta_why_not": a["hta_why_not"]})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def trace_figure(table: pd.DataFrame, out_png: Path) -> None:
+    """Per (model, layout) panel, one stacked bar per strategy (mean over ranks and repeats): HTA's compute /
+    non-compute / idle shares of GPU time where there is one, else the step's phases; the communication overlap
+    above each bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from workflow_scripts.report.tables import order_strategies
+
+    keys = list(dict.fromkeys(zip(table["model"], table["layout"]))) if len(table) else []
+    fig, axes = plt.subplots(1, max(len(keys), 1), figsize=(5.5 * max(len(keys), 1) + 2.5, 4), squeeze=False,
+                             layout="constrained")
+    colours = sns.color_palette("muted", 5)
+    handles = {}
+    for ax, (model, layout) in zip(axes[0], keys):
+        rows = table[(table["model"] == model) & (table["layout"] == layout)]
+        gpu = rows["hta_compute_pct"].notna().any()
+        parts = ([("hta_compute_pct", "compute (GPU)"), ("hta_non_compute_pct", "communication + memory (GPU)"),
+                  ("hta_idle_pct", "idle (GPU)")] if gpu else
+                 [("forward_ms", "forward"), ("backward_ms", "backward"), ("optimizer_ms", "optimizer"),
+                  ("other_ms", "other")])
+        names = order_strategies(rows["strategy"].unique())
+        for x, name in enumerate(names):
+            means = rows[rows["strategy"] == name].mean(numeric_only=True)
+            bottom = 0.0
+            for (col, label), colour in zip(parts, colours):
+                value = float(means.get(col, 0) or 0)
+                handles[label] = ax.bar(x, value, 0.8, bottom=bottom, color=colour)
+                bottom += value
+            overlap = means.get("hta_comm_overlap_pct") if gpu else means.get("comm_overlap_pct")
+            if overlap == overlap and overlap is not None:
+                ax.annotate(f"overlap {overlap:.0f}%", (x, bottom), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
+        ax.set_ylabel("% of GPU time (HTA)" if gpu else "recorded step (ms, host ranges)")
+        ax.set_title(f"{model}, {layout}")
+    if not keys:
+        axes[0][0].text(0.5, 0.5, "no traces", ha="center", va="center", transform=axes[0][0].transAxes)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5),
+                   frameon=False)
+    fig.savefig(out_png, dpi=150, bbox_inches="tight")
+    fig.savefig(out_png.with_suffix(".pdf"), bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    one = sub.add_parser("analyse", help="one run's traces")
+    one.add_argument("--traces", required=True)
+    one.add_argument("--out-dir", required=True)
+    one.add_argument("--top", type=int, default=10)
+    study = sub.add_parser("report", help="the study's table and figure")
+    study.add_argument("--analyses", nargs="*", default=[])
+    study.add_argument("--table", required=True)
+    study.add_argument("--figure", required=True)
+    args = ap.parse_args(argv)
+    if args.command == "analyse":
+        result = analyse(Path(args.traces), Path(args.out_dir), args.top)
+        print(f"traces: ranks {result['ranks']}, {len(result['phases'])} step rows, phases on "
+              f"{sorted(set(result['phases_read_on'].values()))}, HTA: {result['hta_why_not'] or 'ok'}")
+    else:
+        table = study_table([Path(p) for p in args.analyses])
+        Path(args.table).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.table, index=False)
+        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
+        trace_figure(table, Path(args.figure))
+        print(f"trace table: {len(table)} rows -> {args.table}")
+
+
+if __name__ == "__main__":
+    main()
