@@ -24,6 +24,8 @@ rule trace_report:
         [f"{d}/traces/analysis.json" for d in run_dirs()],
     output:
         table=f"{R}/tables/traces.csv",
+        kernels=f"{R}/tables/traces_kernels.csv",
+        idle=f"{R}/tables/traces_idle.csv",
         png=report(
             f"{R}/figures/traces.png",
             caption="../report/captions/traces.rst",

@@ -14,6 +14,7 @@ from conftest import REPO, snakemake
     ("ml815", {}, 8),
     ("scaling", {"world_sizes": [1, 2], "strategies": ["ddp", "zero3"]}, 4),
     ("parallelism", {}, 6),
+    ("traces", {"repeats": 1, "strategies": ["ddp", "fsdp"]}, 2),
 ])
 def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
     wd = default_study
@@ -38,4 +39,25 @@ def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
                            "qwen1.5-moe-a2.7b-12l": ["dp2-ep2", "ws2"]} and (runs.world_size == 2).all()
         summary = (wd / results / "tables/summary.md").read_text()
         assert all(f"`fsdp` ({key})" in summary for key in ("dp1-pp2", "dp1-tp2", "dp1-cp2", "dp2-ep2"))
+    if study == "traces":
+        assert_traced(wd, results, runs)
     assert (wd / results / "figures/scaling.png").exists()
+
+
+def assert_traced(wd, results, runs):
+    """profile on: one trace per rank, the profiled steps (1 profiler warm-up + 3 recorded, after the timing
+    warm-up) flagged and out of the timing, and the phases of every recorded step on the host."""
+    steps = pd.read_csv(wd / results / "tables/steps.csv")
+    for _, run in runs.iterrows():
+        mine = steps[steps.run_id == run.run_id]
+        assert mine.loc[mine.profiled.astype(bool), "step"].tolist() == [2, 3, 4, 5], run.strategy
+        traces = sorted(p.name for p in (wd / "work/traces/traces/gpt2" / run.strategy / "ws2/r0").iterdir()
+                        if p.name.endswith(".json.gz"))
+        assert traces == ["rank0.json.gz", "rank1.json.gz"], run.strategy
+    table = pd.read_csv(wd / results / "tables/traces.csv")
+    assert len(table) == 4 and set(table.phases_read_on) == {"host"} and (table.steps == 3).all()
+    assert table.hta_why_not.str.contains("no GPU kernels").all()
+    named = table[["forward_ms", "backward_ms", "optimizer_ms"]].sum(axis=1)
+    assert (named >= 0.9 * table.step_ms).all(), table[["strategy", "rank", "step_ms", "other_ms"]]
+    assert (table.comm_ms > 0).all()  # gloo collectives in every strategy
+    assert (wd / results / "figures/traces.png").exists() and (wd / results / "figures/phases.png").exists()

@@ -61,9 +61,12 @@ class StepProfiler:
         """Named ranges for the engine's phases while a trace is taken (report.traces reads them)."""
         engine.phase = torch.profiler.record_function if self.prof is not None else None
 
-    def step(self) -> None:
-        if self.prof is not None:
-            self.prof.step()
+    def step(self) -> bool:
+        """Advance the schedule; True when this call wrote the trace (seconds of export: not a step's time)."""
+        if self.prof is None or self.written:
+            return False
+        self.prof.step()
+        return self.written
 
     def __exit__(self, *exc):
         if self.prof is not None:

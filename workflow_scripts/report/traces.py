@@ -5,15 +5,17 @@
 
 Two analyses of every traced rank (measure/profile.py writes one trace per rank):
   * phases, every trace (CPU or GPU): per recorded step (ProfilerStep#N), the engine's ranges forward / backward /
-    optimizer — on the GPU timeline where the trace has one (Kineto's gpu_user_annotation: kernel time), else on the
-    host — the rest of the step, the time inside collectives (union of gloo:/nccl: ranges, or NCCL kernels on GPU)
-    and how much of it ran while forward or backward did (overlap).
+    optimizer — on GPU the device work launched inside each range (kernels joined to their launches), on CPU the
+    host ranges — the rest of the step, the time in collectives (NCCL kernels; on CPU the gloo: ranges) and how much
+    of it ran while forward or backward compute did (overlap).
   * Holistic Trace Analysis (HTA, `holistictraceanalysis`), GPU traces: temporal breakdown (compute / non-compute /
     idle), communication-computation overlap, the top kernels and the idle-time breakdown per rank. HTA reads GPU
     kernels only: on a CPU trace it has nothing to read (HTA 0.5 fails on one), so CPU runs get the phases alone and
     analysis.json says why.
 Outputs: analysis.json (everything, with the method of each table) and phases.csv per run; the study's
-tables/traces.csv (one row per run and rank) and figures/traces.png/pdf.
+tables/traces.csv (one row per run and rank: phases, communication, overlap, HTA's breakdown), traces_kernels.csv
+(HTA's top kernels per rank), traces_idle.csv (HTA's idle-time breakdown per rank and stream) and
+figures/traces.png/pdf.
 """
 from __future__ import annotations
 
@@ -67,27 +69,53 @@ def clip(events, a: float, b: float) -> list[tuple[float, float]]:
     return [(max(e["ts"], a), min(e["ts"] + e["dur"], b)) for e in events if e["ts"] < b and e["ts"] + e["dur"] > a]
 
 
+def gpu_ops(events: list[dict]) -> list[tuple[float, dict]]:
+    """(host launch time, device op) of every kernel, memcpy and memset, joined through their correlation ids."""
+    launch = {e["args"]["correlation"]: e["ts"] for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    return [(launch[e["args"]["correlation"]], e) for e in events
+            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("args", {}).get("correlation") in launch]
+
+
+def launched_in(ops, a: float, b: float) -> list[dict]:
+    return [op for t, op in ops if a <= t <= b]
+
+
+def intervals(events) -> list[tuple[float, float]]:
+    return union([(e["ts"], e["ts"] + e["dur"]) for e in events])
+
+
 def step_phases(trace: dict) -> tuple[list[dict], str]:
-    """Per recorded step: its phases and communication in ms; and where they were read (gpu or host)."""
+    """Per recorded step (ProfilerStep#N): forward / backward / optimizer, the rest of the step, communication and
+    its overlap with forward and backward, in ms; and where they were read (gpu or host).
+
+    GPU trace: a phase is the device work launched while its host range was open (any thread: autograd launches
+    backward kernels from its own), the step spans the device work launched during the step, communication is NCCL
+    kernels. CPU trace: the host ranges themselves, communication the process group's collective ranges."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    steps = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
-    gpu_ranges = [e for e in events if e.get("cat") == "gpu_user_annotation" and e["name"] in PHASES]
-    where = "gpu" if gpu_ranges else "host"
-    ranges = gpu_ranges or [e for e in events if e.get("cat") == "user_annotation" and e["name"] in PHASES]
-    if where == "gpu":
-        comm = [e for e in events if e.get("cat") == "kernel" and NCCL_KERNEL.search(e["name"])]
-    else:
-        comm = [e for e in events if e.get("cat") == "user_annotation" and COLLECTIVE.match(e["name"])]
+    steps = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and e["name"] in PHASES]
+    ops = gpu_ops(events)
+    where = "gpu" if ops else "host"
     rows = []
-    for s in sorted(steps, key=lambda e: e["ts"]):
+    for s in steps:
         a, b = s["ts"], s["ts"] + s["dur"]
-        if where == "gpu":  # GPU work of a step starts after its launch: the step spans its ranges on the device
-            inside = [e for e in ranges if a <= e["ts"] + e["dur"] / 2 and e["ts"] < b + s["dur"]]
-            if inside:
-                a, b = min(e["ts"] for e in inside), max(e["ts"] + e["dur"] for e in inside)
-        phase = {p: union(clip([e for e in ranges if e["name"] == p], a, b)) for p in PHASES}
-        comm_u = union(clip(comm, a, b))
-        compute = union(phase["forward"] + phase["backward"])
+        if where == "gpu":
+            mine = launched_in(ops, a, b)
+            if not mine:
+                continue
+            a, b = min(e["ts"] for e in mine), max(e["ts"] + e["dur"] for e in mine)
+            phase = {p: intervals(op for r in ranges if r["name"] == p and s["ts"] <= r["ts"] <= s["ts"] + s["dur"]
+                                  for op in launched_in(ops, r["ts"], r["ts"] + r["dur"])) for p in PHASES}
+            comm_u = intervals(e for e in mine if NCCL_KERNEL.search(e["name"]))
+            compute = intervals(e for e in mine if not NCCL_KERNEL.search(e["name"])
+                                and any(x <= e["ts"] < y for x, y in phase["forward"] + phase["backward"]))
+        else:
+            phase = {p: union(clip([e for e in ranges if e["name"] == p], a, b)) for p in PHASES}
+            comm_u = union(clip([e for e in events if e.get("cat") == "user_annotation"
+                                 and COLLECTIVE.match(e["name"])], a, b))
+            compute = union(phase["forward"] + phase["backward"])
         busy = length(union(sum(phase.values(), [])))
         step_ms = (b - a) / 1000
         row = {"step": int(s["name"].split("#")[1]), "step_ms": step_ms,
@@ -130,8 +158,7 @@ def analyse(trace_dir: Path, out_dir: Path, top: int = 10) -> dict:
     for rank, path in files.items():
         rows, where[rank] = step_phases(load_trace(path))
         phases += [{"rank": rank, **r} for r in rows]
-    on_gpu = any(w == "gpu" for w in where.values()) or any(
-        e.get("cat") == "kernel" for p in list(files.values())[:1] for e in load_trace(p).get("traceEvents", []))
+    on_gpu = any(w == "gpu" for w in where.values())
     hta, why = hta_tables(files, top) if on_gpu else ({}, "a CPU trace has no GPU kernels, which is all HTA reads")
     result = {"trace_dir": str(trace_dir), "ranks": sorted(files), "phases_read_on": where,
               "phases": phases, "hta": hta, "hta_why_not": why,
@@ -171,6 +198,20 @@ def study_table(paths: list[Path]) -> pd.DataFrame:
                         "hta_why_not": a["hta_why_not"]})
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def hta_table(paths: list[Path], key: str) -> pd.DataFrame:
+    """One of HTA's per-rank tables (top_kernels, idle) of every run, with the run's ids in front."""
+    frames = []
+    for path in paths:
+        records = json.loads(path.read_text())["hta"].get(key) or []
+        if records:
+            frames.append(pd.DataFrame(records).assign(**run_ids(path)))
+    if not frames:
+        return pd.DataFrame(columns=["model", "strategy", "layout", "repeat", "rank"])
+    table = pd.concat(frames, ignore_index=True)
+    ids = ["model", "strategy", "layout", "repeat", "rank"]
+    return table[ids + [c for c in table.columns if c not in ids]]
 
 
 def trace_figure(table: pd.DataFrame, out_png: Path) -> None:
@@ -238,9 +279,13 @@ def main(argv=None):
         print(f"traces: ranks {result['ranks']}, {len(result['phases'])} step rows, phases on "
               f"{sorted(set(result['phases_read_on'].values()))}, HTA: {result['hta_why_not'] or 'ok'}")
     else:
-        table = study_table([Path(p) for p in args.analyses])
-        Path(args.table).parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.table, index=False)
+        paths = [Path(p) for p in args.analyses]
+        table = study_table(paths)
+        out = Path(args.table)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out, index=False)
+        for key, name in (("top_kernels", "traces_kernels.csv"), ("idle", "traces_idle.csv")):
+            hta_table(paths, key).to_csv(out.parent / name, index=False)
         Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
         trace_figure(table, Path(args.figure))
         print(f"trace table: {len(table)} rows -> {args.table}")
