@@ -35,12 +35,13 @@ RUN = f"{R}/runs/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}"  # layout: ws2, 
 PROFILE = bool(config["profile"]["enabled"])
 # a run's raw profiler traces (config profile): study.trace_dir names the same directory in the run's spec
 TRACES = study.trace_dir(config, "{model}", "{strategy}", "{layout}", "{repeat}")
-try:  # the image of every rule under --use-apptainer: a missing one is an error now, not at the first job
+try:  # the image of every job under --use-apptainer; a missing one is an error now, not at the first job
     IMAGE = container_image.settle(
         config["containers"][PLATFORM],
         PLATFORM,
         using_apptainer=USING_APPTAINER,
-        image_dir=workflow.deployment_settings.apptainer_prefix or ".snakemake/singularity",
+        image_dir=workflow.deployment_settings.apptainer_prefix
+        or ".snakemake/singularity",
     )
 except container_image.ImageError as exc:
     raise WorkflowError(str(exc)) from None

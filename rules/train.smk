@@ -24,12 +24,12 @@ rule train:
         ops=ops_for,
         calibration=ancient(f"{R}/calibration/calibration.json"),
     output:
+        **({"traces": directory(TRACES)} if PROFILE else {}),
         summary=f"{RUN}/summary.json",
         metrics=f"{RUN}/metrics.csv",
         vram=f"{RUN}/vram.csv",
         settings=f"{RUN}/strategy_settings.json",
         provenance=f"{RUN}/provenance.json",
-        **({"traces": directory(TRACES)} if PROFILE else {}),
     log:
         f"{R}/logs/train/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}.log",
     container:
