@@ -61,12 +61,12 @@ class StepProfiler:
         """Named ranges for the engine's phases while a trace is taken (report.traces reads them)."""
         engine.phase = torch.profiler.record_function if self.prof is not None else None
 
-    def step(self) -> bool:
-        """Advance the schedule; True when this call wrote the trace (seconds of export: not a step's time)."""
-        if self.prof is None or self.written:
-            return False
-        self.prof.step()
-        return self.written
+    def step(self, step: int) -> bool:
+        """Advance the schedule after 0-based `step`; True on every rank when the window closed with it: the traced
+        ranks export then (seconds, which the next step must not count, nor an untraced rank waiting for them)."""
+        if self.prof is not None and not self.written:
+            self.prof.step()
+        return bool(self.cfg.get("enabled")) and len(self.window) > 0 and step == self.window.stop - 1
 
     def __exit__(self, *exc):
         if self.prof is not None:

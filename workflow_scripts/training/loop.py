@@ -215,7 +215,7 @@ def train(spec: dict) -> dict | None:
             lr = lr_at(step, t, run.total_steps)
             loss, marks = engine.train_step(run.batches.micro_batches(step), lr, log.clock)
             log.add(step, loss, lr, marks)
-            if profiler.step():  # the trace was exported: the next step is timed from its own start
+            if profiler.step(step):  # the trace was exported: the next step is timed from its own start
                 log.flush()
                 log.untimed_gap()
             done = step + 1
