@@ -164,6 +164,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", required=True, help="the run spec (same format as workflow_scripts.training.loop's)")
     run(json.loads(Path(ap.parse_args(argv).spec).read_text()))
+    # Leave the process group before the interpreter does: without it a rank aborted at exit about one run in three
+    # on CPU ranks ("terminate called without an active exception", SIGABRT after the summary was written), which
+    # torchrun reported as a failed baseline (the CI failure of two stops ago).
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
