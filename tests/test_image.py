@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import sysconfig
-import tarfile
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +23,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, assert_default_study_losses, copy_workflow, snakemake
+from workflow_scripts.measure.container import oci_manifest_digest
 
 pytestmark = pytest.mark.image
 ARCHIVE = REPO / "containers/images/cpu.oci.tar"
@@ -38,8 +38,7 @@ def build(*args, check=True) -> subprocess.CompletedProcess:
 
 
 def manifest_digest(archive: Path) -> str:
-    with tarfile.open(archive) as tar:
-        return json.load(tar.extractfile("index.json"))["manifests"][0]["digest"]
+    return oci_manifest_digest(str(archive))  # what provenance records for an OCI archive
 
 
 @pytest.fixture(scope="session")

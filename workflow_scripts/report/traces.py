@@ -217,21 +217,19 @@ def hta_table(paths: list[Path], key: str) -> pd.DataFrame:
 def trace_figure(table: pd.DataFrame, out_png: Path) -> None:
     """Per (model, layout) panel, one stacked bar per strategy (mean over ranks and repeats): HTA's compute /
     non-compute / idle shares of GPU time where there is one, else the step's phases; the communication overlap
-    above each bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    above each bar. Drawn with the study figures' grid, style and saving (report/figures.py)."""
     import seaborn as sns
 
+    from workflow_scripts.report.figures import apply_style, empty_note, grid, parse_style, save
     from workflow_scripts.report.tables import order_strategies
 
+    style = parse_style(None)
+    apply_style(style)
     keys = list(dict.fromkeys(zip(table["model"], table["layout"]))) if len(table) else []
-    fig, axes = plt.subplots(1, max(len(keys), 1), figsize=(5.5 * max(len(keys), 1) + 2.5, 4), squeeze=False,
-                             layout="constrained")
+    fig, axes = grid(len(keys), style, legend_width=2.5)
     colours = sns.color_palette("muted", 5)
     handles = {}
-    for ax, (model, layout) in zip(axes[0], keys):
+    for ax, (model, layout) in zip(axes, keys):
         rows = table[(table["model"] == model) & (table["layout"] == layout)]
         gpu = rows["hta_compute_pct"].notna().any()
         parts = ([("hta_compute_pct", "compute (GPU)"), ("hta_non_compute_pct", "communication + memory (GPU)"),
@@ -253,13 +251,11 @@ def trace_figure(table: pd.DataFrame, out_png: Path) -> None:
         ax.set_ylabel("% of GPU time (HTA)" if gpu else "recorded step (ms, host ranges)")
         ax.set_title(f"{model}, {layout}")
     if not keys:
-        axes[0][0].text(0.5, 0.5, "no traces", ha="center", va="center", transform=axes[0][0].transAxes)
+        empty_note(axes[0], "no traces")
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5),
                    frameon=False)
-    fig.savefig(out_png, dpi=150, bbox_inches="tight")
-    fig.savefig(out_png.with_suffix(".pdf"), bbox_inches="tight")
-    plt.close(fig)
+    save(fig, out_png.parent, out_png.stem, int(style["dpi"]))
 
 
 def main(argv=None):

@@ -113,7 +113,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.platform == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir("auto", a.platform))  # in a container: its own
+    export_extensions_dir("auto", a.platform)  # the workflow's directory, else (in a container) the image's own
     result = {"op": a.op, "platform": a.platform, "torch_extensions_dir": os.environ.get("TORCH_EXTENSIONS_DIR"),
               **build(a.op)}
     print(json.dumps(result, indent=2), flush=True)
