@@ -23,6 +23,11 @@ include: "rules/bench.smk"
 include: "rules/verify.smk"
 
 
+if PUBLISHED_RUNS:
+
+    include: "rules/published.smk"
+
+
 rule all:
     default_target: True
     input:

@@ -26,3 +26,24 @@ rule calibrate:
         "python3 -m workflow_scripts.measure.calibrate --platform {params.platform} "
         "--world-sizes {params.sizes:q} --work-dir {params.work} --out {output.json} --md {output.md} "
         "> {log} 2>&1"
+
+
+rule calibration_figure:
+    input:
+        rules.calibrate.output.json,
+    output:
+        png=report(
+            f"{R}/figures/calibration.png",
+            caption="../report/captions/calibration.rst",
+            category="Figures",
+        ),
+        pdf=f"{R}/figures/calibration.pdf",
+    log:
+        f"{R}/logs/calibration_figure.log",
+    container:
+        IMAGE
+    params:
+        style=json.dumps(config["figures"], sort_keys=True),
+    shell:
+        "python3 -m workflow_scripts.report.calibration --calibration {input} --style {params.style:q} "
+        "--figure {output.png} > {log} 2>&1"

@@ -61,6 +61,22 @@ RUNS = study.runs(
 )  # (model, strategy, layout key) -> the group's train overrides
 
 
+PUBLISHED_RUNS = study.published_runs(
+    config
+)  # the as-published variant (config published)
+AS_PUBLISHED_RUN = (
+    f"{R}/as_published/runs/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}"
+)
+
+
+def published_run_dirs():
+    return [
+        AS_PUBLISHED_RUN.format(model=m, strategy=s, layout=k, repeat=r)
+        for (m, s, k) in PUBLISHED_RUNS
+        for r in range(config["repeats"])
+    ]
+
+
 def run_dirs():
     return [
         RUN.format(model=m, strategy=s, layout=k, repeat=r)
@@ -75,10 +91,15 @@ def all_outputs():
         if PROFILE
         else []
     )
+    claims = (
+        [f"{R}/tables/claims.md", f"{R}/figures/claims.png"] if PUBLISHED_RUNS else []
+    )
     return (
         [f"{R}/tables/summary.md", f"{R}/tables/runs.csv"]
         + expand(f"{R}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"])
+        + expand(f"{R}/figures/calibration.{{ext}}", ext=["png", "pdf"])
         + traced
+        + claims
     )
 
 
@@ -102,6 +123,27 @@ def run_spec(wildcards):
         work_dir=f"{W}/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}",
         ops=ops_for(w),
     )
+    return json.dumps(spec, sort_keys=True)
+
+
+def published_run_spec(wildcards):
+    """The as-published run's spec: the fair run's, with the publication's own settings for the strategy."""
+    w = wildcards
+    spec = study.run_spec(
+        config,
+        w.model,
+        w.strategy,
+        Layout.from_key(w.layout),
+        int(w.repeat),
+        PUBLISHED_RUNS[(w.model, w.strategy, w.layout)],
+        out_dir=AS_PUBLISHED_RUN.format(**w),
+        work_dir=f"{W}/as_published/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}",
+        ops=ops_for(w),
+    )
+    spec.pop("profile", None), spec.pop(
+        "trace_dir", None
+    )  # traces belong to the fair rows
+    spec["variant"] = "as_published"
     return json.dumps(spec, sort_keys=True)
 
 

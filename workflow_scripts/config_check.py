@@ -17,6 +17,9 @@ from workflow_scripts.training.parallel import model_problems, run_problems, uni
 from workflow_scripts.training.strategies import STRATEGIES
 
 
+PRECISIONS = ("fp32", "bf16-mixed", "bf16-pure")
+
+
 class ConfigError(ValueError):
     pass
 
@@ -42,7 +45,7 @@ def _is_local(path: str) -> bool:
 def problems(config: dict, devices: int | None = None) -> list[str]:
     found = (name_problems(config) + batch_problems(config) + layout_problems(config)
              + size_problems(config, devices) + data_problems(config) + bench_problems(config)
-             + verify_problems(config))
+             + verify_problems(config) + study.precision_problems(config) + published_problems(config))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
 
 
@@ -57,6 +60,33 @@ def verify_problems(config: dict) -> list[str]:
         return [f"verify.against: {against} is this study's results_dir: set results_dir to a new folder for the "
                 "rerun (the committed set is never overwritten)"]
     return []
+
+
+def published_problems(config: dict) -> list[str]:
+    """Claims name runs of this study; headlines name claimed strategies; as_published only claimed strategies."""
+    pub = config.get("published") or {}
+    if not pub.get("source"):
+        extra = [k for k in ("claims", "headlines", "as_published") if pub.get(k)]
+        return [f"published.{k}: set published.source (where the numbers come from) first" for k in extra]
+    out = []
+    try:
+        study.published_runs(config)
+    except ValueError as exc:
+        out.append(str(exc))
+    claimed = {(c["model"], c["strategy"]) for c in pub.get("claims") or []}
+    for s, settings in (pub.get("as_published") or {}).items():
+        if s not in {s for _, s in claimed}:
+            out.append(f"published.as_published.{s}: not a claimed strategy (published.claims)")
+        for key in sorted(set(settings or {}) - set(config["train"])):
+            out.append(f"published.as_published.{s}.{key}: not a train setting")
+        if (settings or {}).get("precision", "fp32") not in PRECISIONS:
+            out.append(f"published.as_published.{s}.precision: {settings['precision']!r} is not one of "
+                       f"{', '.join(PRECISIONS)}")
+    for i, h in enumerate(pub.get("headlines") or []):
+        for s in [h["slower"], *h["faster"]]:
+            if (h["model"], s) not in claimed:
+                out.append(f"published.headlines[{i}]: {h['model']}/{s} has no claim row (published.claims)")
+    return out
 
 
 def name_problems(config: dict) -> list[str]:

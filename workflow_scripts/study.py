@@ -40,6 +40,38 @@ def runs(config: dict) -> dict[tuple, dict]:
     return out
 
 
+def published_runs(config: dict) -> dict[tuple, dict]:
+    """The as-published variant (config `published`): (model, strategy, layout key) -> the fair run's train
+    overrides with the publication's own settings for that strategy on top. One run per claimed (model, strategy),
+    at the publication's layout. Raises ValueError naming the claim that is not a run of this study."""
+    pub = config.get("published") or {}
+    if not pub.get("source"):
+        return {}
+    fair, out = runs(config), {}
+    layout = Layout.from_key(pub.get("layout", "ws1")).key
+    for i, claim in enumerate(pub.get("claims") or []):
+        key = (claim["model"], claim["strategy"], layout)
+        if key not in fair:
+            raise ValueError(f"published.claims[{i}]: {'/'.join(key)} is not a run of this study (the claims are "
+                             "compared with the study's fair rows)")
+        out[key] = {**fair[key], **(pub.get("as_published") or {}).get(claim["strategy"], {})}
+    return out
+
+
+def precision_problems(config: dict) -> list[str]:
+    """Fairness: every run of one model trains under one precision policy; only published.as_published may differ."""
+    seen, out = {}, []
+    for i, g in enumerate(groups(config)):
+        precision = g.get("train", {}).get("precision", config["train"]["precision"])
+        for m in g["models"]:
+            first = seen.setdefault(m, (precision, i))
+            if first[0] != precision:
+                out.append(f"groups[{i}].train.precision: {m} trains under {precision} here and {first[0]} in "
+                           f"groups[{first[1]}]: one precision policy per model (fairness); a publication's own "
+                           "setup belongs in published.as_published")
+    return out
+
+
 def all_names(config: dict, field: str) -> list:
     seen = []
     for g in groups(config):

@@ -184,6 +184,8 @@ def write_result(spec: dict, ctx, rc: int, sampled: dict | None, started: float,
     else:
         summary = json.loads((out_dir / C.TRAIN_SUMMARY).read_text())
     summary.update(sampler_fields(sampled), study=spec["study"], launch_wall_s=ended - started)
+    if "variant" in spec:  # the as-published variant of a study (rules/published.smk)
+        summary["variant"] = spec["variant"]
     (out_dir / C.SUMMARY).write_text(json.dumps(summary, indent=2))
     print(f"{summary['status']}: {spec['run_id']}", flush=True)
     return 0
