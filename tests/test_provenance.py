@@ -112,3 +112,28 @@ def test_verify_refuses_to_overwrite_the_committed_set(tmp_path):
         f"verify.against: {tmp_path / 'nothing'} has no tables/runs.csv")
     (clash,) = verify_problems({"verify": {"against": str(tmp_path / "set")}, "results_dir": str(tmp_path / "set")})
     assert "is this study's results_dir" in clash
+
+
+def test_published_claims_name_runs_of_the_study():
+    """A claim outside the study, a headline without claims and a confound on an unclaimed strategy are named."""
+    import copy
+
+    import yaml as _yaml
+
+    from conftest import REPO
+
+    from workflow_scripts.config_check import published_problems
+
+    cfg = _yaml.safe_load((REPO / "studies/gpt2_tutorial.yaml").read_text())
+    cfg["train"] = {**cfg["train"], "precision": "bf16-mixed", "micro_batch_size": 4, "grad_accum": 1}
+    assert published_problems(copy.deepcopy(cfg)) == []
+    bad = copy.deepcopy(cfg)
+    bad["published"]["claims"].append({"model": "gpt2-large", "strategy": "ddp", "seconds_per_epoch": 1})
+    bad["published"]["headlines"][0]["faster"].append("zero3")
+    bad["published"]["as_published"]["fsdp"] = {"precision": "fp16"}
+    found = published_problems(bad)
+    assert found == ["published.claims[5]: gpt2-large/ddp/ws1 is not a run of this study (the claims are compared "
+                     "with the study's fair rows)",
+                     "published.as_published.fsdp: not a claimed strategy (published.claims)",
+                     "published.as_published.fsdp.precision: 'fp16' is not one of fp32, bf16-mixed, bf16-pure",
+                     "published.headlines[0]: gpt2-medium/zero3 has no claim row (published.claims)"]

@@ -31,6 +31,7 @@ def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
         by = runs.set_index("strategy")
         assert by.loc["zero3", "model"] == "gpt2-large" and by.loc["zero1", "model"] == "gpt2-medium"
         assert by.loc["zero3", "micro_batch"] == 2 and by.loc["ddp", "micro_batch"] == 4
+        assert_claims(wd, results, runs)
     if study == "scaling":
         assert sorted(runs.world_size.unique()) == [1, 2]
     if study == "parallelism":  # 1D and every model-parallel layout of each model, each a row and a table line
@@ -42,6 +43,26 @@ def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
     if study == "traces":
         assert_traced(wd, results, runs)
     assert (wd / results / "figures/scaling.png").exists()
+
+
+def assert_claims(wd, results, fair):
+    """The as-published variant ran the publication's own settings (DP fp32, ZeRO bf16-pure) apart from the fair
+    rows, which keep the study's one policy; the claims table puts the published numbers beside both."""
+    published = pd.read_csv(wd / results / "as_published/tables/runs.csv").set_index(["model", "strategy"])
+    assert published.precision.to_dict() == {
+        ("gpt2-medium", "ddp"): "fp32", ("gpt2-medium", "zero1"): "bf16-pure", ("gpt2-medium", "zero2"): "bf16-pure",
+        ("gpt2-large", "zero3"): "bf16-pure", ("gpt2-large", "zero3_offload"): "bf16-pure"}
+    assert set(fair.precision) == {"fp32"} and (published.status == "ok").all()
+    assert (published.final_loss < published.initial_loss).all()
+    claims = pd.read_csv(wd / results / "tables/claims.csv").set_index(["model", "strategy", "measure"])
+    assert len(claims) == 15
+    row = claims.loc[("gpt2-medium", "zero1", "seconds_per_epoch")]
+    assert row.published == 52 and row.as_published_precision == "bf16-pure" and row.fair_precision == "fp32"
+    assert abs(row.fair_ratio - row.fair / 52) < 1e-9 and row.as_published > 0
+    heads = pd.read_csv(wd / results / "tables/claims_headlines.csv")
+    assert heads.faster.tolist() == ["zero1", "zero2"] and (heads.published == 2.4).all()
+    ddp = claims.loc[("gpt2-medium", "ddp", "seconds_per_epoch")]
+    assert abs(heads.fair[0] - ddp.fair / row.fair) < 1e-9
 
 
 def assert_traced(wd, results, runs):

@@ -52,6 +52,9 @@ def test_dry_run_plans_every_stage(tmp_path):
     ({"layouts": [{"dp": 1, "pp": 2}]}, "layouts[0].pp: 2 stages need train.grad_accum (the pipeline's micro-batches)"),
     ({"layouts": [{"dp": 1, "pp": 2}], "train": {"grad_accum": 2}}, "layouts[0]: dp1-pp2 with strategy zero0"),
     ({"layouts": [{"dp": 2, "ep": 2}]}, "layouts[0].ep: 2, but gpt2-tiny has no experts"),
+    ({"groups": [{"models": ["gpt2-tiny"], "strategies": ["ddp"]},
+                 {"models": ["gpt2-tiny"], "strategies": ["zero2"], "train": {"precision": "bf16-pure"}}]},
+     "groups[1].train.precision: gpt2-tiny trains under bf16-pure here and fp32 in groups[0]"),
     ({"strategy_options": {"ddp_overlap": {"bucket_cap": 100}}},
      "strategy_options.ddp_overlap.bucket_cap: unknown option"),
 ])
