@@ -1,0 +1,173 @@
+"""Analytic prediction of a run's peak torch-allocated memory per GPU (`max_memory_allocated`), by parts:
+
+    parameters, optimizer states  per rank, sharded as the strategy shards them, minus what it offloads;
+    engine buffers   DDP's gradient buckets; DeepSpeed's fp32 partition copy and ZeRO-3's gradient-partition buffer
+                     (engine_bytes says which, and why);
+    gradients        only where micro-batches accumulate them (no gradient is alive at the start of backward
+                     otherwise: the loop frees them after every step);
+    weight casts     under bf16-mixed autocast, the bf16 copy of every weight each matmul saves for backward;
+    activations      what autograd saves per token and layer, counted op by op for the family's eager
+                     transformers code (activation_bytes_per_token_layer); with gradient checkpointing the layer
+                     inputs plus one layer recomputed;
+    loss             the logits chain at its backward peak (loss_bytes_per_token).
+
+The peak is taken at the start of backward (all activations alive, the loss chain at its largest), which is where
+the committed GPU runs peak for the strategies that keep their states on the GPU. Per rank, in bytes; N = tokens of
+one micro-batch on the rank. Covered: GPT-2 and dense Qwen2, fp32 / bf16-mixed / bf16-pure, gradient checkpointing,
+the data-parallel strategies (DDP and variants, ZeRO-0..3 and offloads, FSDP2) at any data-parallel size. Not
+covered (the prediction says why): model-parallel layouts (pp, tp, cp, ep), MoE models, compiled blocks or loss
+(inductor decides what is saved).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    family: str
+    n_params: int
+    n_layer: int
+    d: int  # hidden size
+    ffn: int  # MLP inner size
+    kv: int  # key/value width (kv heads x head dim)
+    head_dim: int
+    vocab: int  # embedding rows (padded)
+
+
+def activation_bytes_per_token_layer(s: Shape, precision: str) -> float:
+    """Bytes autograd keeps per token for one transformer block, eager transformers code, counted op by op (CUDA
+    autocast op lists; d hidden, f MLP inner size, kv key/value width, e head dim). Checked against the traced count
+    (traced.py) in tests/test_memory_plan.py.
+
+    GPT-2 (LayerNorm, fused qkv, SDPA, gelu_new written out in torch ops):
+      fp32: LayerNorm inputs and outputs 2 x (4d + 4d), qkv 12d, SDPA output 4d (also c_proj's input: flash
+        writes it in (batch, seq, head) order), MLP input 4f to gelu_new's pow, tanh's output, 1 + tanh, 0.5 x
+        (4 x 4f), c_proj's input 4f                                ->  32d + 20f
+      bf16-mixed: residual stream fp32; LayerNorm inputs 2 x 4d, bf16 casts of the c_attn / c_fc inputs 2 x 2d,
+        qkv 6d, SDPA output 2d; gelu_new: `pow` is an fp32 op under CUDA autocast, so the fp32 copy of its input
+        (4f), tanh's output (4f), 1 + tanh (4f), 0.5 x (2f) and the bf16 cast of the product for c_proj (2f)
+                                                                   ->  20d + 16f
+      bf16-pure: the fp32 case in 2 bytes                          ->  16d + 10f
+    Qwen2 (RMSNorm with an fp32 upcast, separate projections, RoPE, SDPA with GQA, SiLU MLP). RoPE's products save
+    cos and sin (8e fp32, 4e bf16), not q and k.
+      fp32: per norm the input, the normalised and the weighted output (3 x 4d, twice), q and SDPA output 8d,
+        k and v 8kv, gate, up, SiLU output and product 16f        ->  32d + 8kv + 16f + 8e
+      bf16-mixed: per norm input and normalised output (2 x 4d, twice), one bf16 cast per projection input (q, k,
+        v: 6d; gate, up: 4d), q and SDPA output cast to bf16 4d, k and v 4kv, MLP in bf16 8f
+                                                                   ->  30d + 4kv + 8f + 8e
+      bf16-pure: per norm the fp32 upcast 4d, normalised 2d, weighted 2d (twice), q and output 4d, k and v 4kv,
+        MLP 8f                                                     ->  20d + 4kv + 8f + 4e
+    """
+    d, f, kv, e = s.d, s.ffn, s.kv, s.head_dim
+    if s.family == "gpt2":
+        return {"bf16-mixed": 20 * d + 16 * f, "fp32": 32 * d + 20 * f, "bf16-pure": 16 * d + 10 * f}[precision]
+    if s.family == "qwen2":
+        return {"bf16-mixed": 30 * d + 4 * kv + 8 * f + 8 * e,
+                "fp32": 32 * d + 8 * kv + 16 * f + 8 * e,
+                "bf16-pure": 20 * d + 4 * kv + 8 * f + 4 * e}[precision]
+    raise ValueError(f"no activation model for family {s.family!r}")
+
+
+def checkpoint_input_bytes(s: Shape, precision: str) -> float:
+    """Per token and layer with gradient checkpointing: the block's input (the residual stream)."""
+    return (2 if precision == "bf16-pure" else 4) * s.d
+
+
+def loss_bytes_per_token(s: Shape, precision: str) -> float:
+    """The logits chain at the loss's backward peak, per token: logits in the compute dtype, their fp32 copy's
+    log-softmax output (saved), its gradient and the gradient of the fp32 logits (4 + 4 + 4 bytes), the bf16 logits
+    (2 bytes) alive until the loss returns."""
+    return s.vocab * (12 if precision == "fp32" else 14)
+
+
+def weight_cast_bytes(s: Shape, precision: str, checkpointing: bool) -> float:
+    """bf16-mixed: autocast casts each weight to bf16 once per forward (cached for leaves) and the matmul saves the
+    copy for backward: 2 bytes per parameter, only the recomputed layer's and the LM head's under checkpointing."""
+    if precision != "bf16-mixed":
+        return 0.0
+    if not checkpointing:
+        return 2.0 * s.n_params
+    per_layer = (s.n_params - s.vocab * s.d) / s.n_layer
+    return 2.0 * (per_layer + s.vocab * s.d)
+
+
+STATE_BYTES = {"fp32": (4, 4, 8), "bf16-mixed": (4, 4, 8), "bf16-pure": (2, 4, 12)}  # as training.precision
+
+
+def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str, offload_optimizer: bool) -> float:
+    """What the strategy's engine holds beyond parameters and optimizer states at the start of backward (bytes);
+    `p` = parameters on the rank before data-parallel sharding.
+    - DDP: its gradient buckets, a flat fp32 copy of every gradient; they stay allocated between steps also when
+      the gradients are views into them (gradient_as_bucket_view only saves the separate .grad tensors).
+    - DeepSpeed with fp32 parameters (fp32, bf16-mixed): the optimizer's fp32 partition is a clone of the fp32
+      parameters, 4p/dp more (under bf16-pure that master copy is already in the optimizer states); with the
+      optimizer offloaded it lives on the host. ZeRO-3 adds its flat gradient-partition buffer (gradient dtype).
+      Stage 2's gradient partition is not alive at the start of backward (measured: ZeRO-2 peaks as ZeRO-1).
+    - FSDP2: nothing beyond the shards at that point (its unsharded block is freed after forward)."""
+    if family == "ddp":
+        return 4.0 * p
+    if family != "deepspeed":
+        return 0.0
+    fp32_params = precision != "bf16-pure"
+    out = 4.0 * p / dp if zero_stage >= 1 and fp32_params and not offload_optimizer else 0.0
+    if zero_stage == 3 and not offload_optimizer:
+        out += (4.0 if fp32_params else 2.0) * p / dp
+    return out
+
+
+@dataclass
+class Prediction:
+    modelled: bool
+    why: str = ""
+    parts: dict | None = None
+    method: str = "analytic"
+
+    @property
+    def total(self) -> float | None:
+        return None if not self.parts else sum(self.parts.values())
+
+
+def predict(*, shape: Shape, family: str, zero_stage: int, precision: str, dp: int,
+            micro_batch: int, seq_len: int, grad_accum: int, checkpointing: bool, layout: dict | None = None,
+            compiled: bool = False, offload_optimizer: bool = False,
+            offload_params: bool = False, traced_per_layer: float | None = None) -> Prediction:
+    """The peak of one rank (Prediction.parts in bytes; total = the predicted max_memory_allocated).
+    `traced_per_layer`: a decoder layer's saved bytes per token counted by torch (traced.py), its bf16 weight casts
+    included, in place of the hand count; None = analytic."""
+    layout = layout or {}
+    if any(layout.get(k, 1) > 1 for k in ("pp", "tp", "cp", "ep")):
+        return Prediction(False, "model-parallel layout (pp/tp/cp/ep) not modelled yet")
+    if shape.family not in ("gpt2", "qwen2"):
+        return Prediction(False, f"family {shape.family} not modelled yet")
+    if compiled:
+        return Prediction(False, "compiled blocks / loss: inductor decides what is saved")
+    p = shape.n_params
+    param_b, _, opt_b = (b * p for b in STATE_BYTES[precision])
+    params = 0.0 if offload_params else param_b / (dp if zero_stage >= 3 else 1)
+    optimizer = 0.0 if offload_optimizer else opt_b / (dp if zero_stage >= 1 else 1)
+    n = micro_batch * seq_len
+    act_layer = traced_per_layer if traced_per_layer is not None else activation_bytes_per_token_layer(shape, precision)
+    casts = weight_cast_bytes(shape, precision, checkpointing)
+    if traced_per_layer is not None and precision == "bf16-mixed":  # the layer casts are in the trace
+        casts = 2.0 * shape.vocab * shape.d
+    if checkpointing:
+        activations = n * (shape.n_layer * checkpoint_input_bytes(shape, precision) + act_layer)
+    else:
+        activations = n * shape.n_layer * act_layer
+    grads_in_flight = 0.0
+    if grad_accum > 1:  # gradients of earlier micro-batches stay until the optimizer step: unsharded for DDP and
+        # for FSDP2, which skips the reduce-scatter (set_requires_gradient_sync(False)) until the last micro-batch
+        grads_in_flight = 4.0 * p / (dp if family == "deepspeed" and zero_stage >= 2 else 1)
+    parts = {
+        "parameters": params,
+        "optimizer states": optimizer,
+        "engine buffers": engine_bytes(family, zero_stage, p, dp, precision, offload_optimizer),
+        "gradients (accumulating)": grads_in_flight,
+        "weight casts": casts,
+        "activations": activations,
+        "loss": n * loss_bytes_per_token(shape, precision),
+    }
+    return Prediction(True, "", parts, "traced" if traced_per_layer is not None else "analytic")
