@@ -21,6 +21,7 @@ include: "rules/figures.smk"
 include: "rules/doctor.smk"
 include: "rules/bench.smk"
 include: "rules/verify.smk"
+include: "rules/plan.smk"
 
 
 if PUBLISHED_RUNS:

@@ -110,6 +110,10 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
         "out_dir": out_dir,
         "work_dir": work_dir,
     }
+    if config["plan"].get("refuse_oom") and config["platform"] != "cpu":  # opt-in: launch.predicted_oom
+        plan = config["plan"]
+        spec["memory_guard"] = {"usable_bytes": (plan["gpu_memory_gib"] - plan["headroom_gib"]) * 2**30,
+                                "gpu_memory_gib": plan["gpu_memory_gib"], "headroom_gib": plan["headroom_gib"]}
     if config["profile"].get("enabled"):  # only then: a spec without traces stays what it was
         spec["profile"] = config["profile"]
         spec["trace_dir"] = trace_dir(config, model, strategy, layout.key, repeat)

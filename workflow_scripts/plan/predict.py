@@ -9,7 +9,7 @@ from functools import lru_cache
 from types import SimpleNamespace
 
 from workflow_scripts.plan import memory_model as mm
-from workflow_scripts.training.models import MODELS, build_config, padded_vocab
+from workflow_scripts.training.models import MODELS, build_config
 
 METHODS = ("analytic", "traced")
 
@@ -92,8 +92,3 @@ def predict_run(spec: dict, summary: dict, method: str = "analytic") -> mm.Predi
                    overrides=spec.get("model_overrides"), layout=spec.get("layout"), options=spec.get("options"),
                    checkpointing=bool(t.get("gradient_checkpointing")),
                    compiled=bool(t.get("compile_blocks") or t.get("compile_loss")), method=method)
-
-
-def vocab_rows(train: dict, tokenizer_vocab: int) -> int:
-    """The embedding rows a run will have (train.embedding_rows, else the tokenizer's), padded as the trainer pads."""
-    return padded_vocab(int(train.get("embedding_rows") or tokenizer_vocab), int(train.get("vocab_multiple", 1)))

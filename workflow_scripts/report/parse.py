@@ -46,7 +46,17 @@ def run_row(run_dir: Path, tables_dir: Path) -> dict:
     row["provenance"] = os.path.relpath(run_dir / C.PROVENANCE, tables_dir)
     row["settings"] = os.path.relpath(run_dir / C.SETTINGS, tables_dir)
     row["run_dir"] = os.path.relpath(run_dir, tables_dir)
-    return row
+    return row | predicted_peak(summary, run_dir)
+
+
+def predicted_peak(summary: dict, run_dir: Path) -> dict:
+    """The analytic whole-peak prediction of an ok run (workflow_scripts/plan), or why there is none."""
+    if summary.get("status") != "ok" or summary.get("platform") == "cpu":
+        return {"predicted_peak_bytes": None, "predicted_peak_note": "no GPU peak to predict"}
+    from workflow_scripts.plan.predict import predict_run
+
+    p = predict_run(json.loads((run_dir / C.RUN_SPEC).read_text()), summary, "analytic")
+    return {"predicted_peak_bytes": p.total, "predicted_peak_note": p.method if p.modelled else p.why}
 
 
 def machine_columns(m: dict) -> dict:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from workflow_scripts.training.context import RunContext
-from workflow_scripts.training.models import build_model, padded_vocab
+from workflow_scripts.training.models import build_model, embedding_rows
 
 
 def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
@@ -22,7 +22,7 @@ def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
     if t.get("max_train_samples"):
         blocks = blocks[: t["max_train_samples"]]
     val = np.load(spec["data"]["val"], mmap_mode="r")
-    vocab = max(padded_vocab(data["vocab_size"], t["vocab_multiple"]), t.get("embedding_rows") or 0)
+    vocab = embedding_rows(data["vocab_size"], t)
     return data, blocks, val, vocab
 
 

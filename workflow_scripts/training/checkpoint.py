@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 # spec keys that never change a result: where files go, how it is observed
 NOT_HASHED = ("run_id", "study", "out_dir", "work_dir", "sampler", "ops", "torch_extensions_dir", "substitutions",
-              "profile", "trace_dir")
+              "profile", "trace_dir", "memory_guard")
 NOT_HASHED_TRAIN = ("log_every", "checkpoint_every", "tensorboard", "fault_injection")
 
 

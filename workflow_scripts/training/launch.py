@@ -125,7 +125,11 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
 
     reason = unsupported_reason(spec, ctx)
     if reason:
-        write_unsupported(spec, ctx, reason, started)
+        write_not_started(spec, ctx, "unsupported", reason, started)
+        return 0
+    reason = predicted_oom(spec, ctx)
+    if reason:
+        write_not_started(spec, ctx, "oom", reason, started)
         return 0
 
     for marker in out_dir.glob("oom_rank*.json"):
@@ -148,18 +152,43 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
     return write_result(spec, ctx, rc, sampled, started, time.time())
 
 
-def write_unsupported(spec: dict, ctx, reason: str, started: float) -> None:
-    """The row of a run this platform cannot run: no ranks started, empty metrics and timeline."""
+def predicted_oom(spec: dict, ctx) -> str | None:
+    """With config plan.refuse_oom (spec memory_guard): why the run is not started, if the analytic memory model
+    predicts a peak above the usable GPU memory; None when it fits or is not modelled."""
+    guard = spec.get("memory_guard")
+    if not guard:
+        return None
+    from workflow_scripts.plan.predict import predict
+    from workflow_scripts.training.models import embedding_rows
+
+    data, t = json.loads(Path(spec["data"]["manifest"]).read_text()), spec["train"]
+    p = predict(model=spec["model"], strategy=spec["strategy"], precision=spec["precision"],
+                world_size=spec["world_size"], micro_batch=ctx.micro_batch, seq_len=data["block_size"],
+                grad_accum=ctx.accum,
+                vocab=embedding_rows(data["vocab_size"], t), overrides=spec.get("model_overrides"),
+                layout=spec.get("layout"), options=spec.get("options"),
+                checkpointing=bool(t.get("gradient_checkpointing")),
+                compiled=bool(t.get("compile_blocks") or t.get("compile_loss")))
+    if not p.modelled or p.total <= guard["usable_bytes"]:
+        return None
+    return (f"not started: predicted peak {p.total / 2**30:.1f} GiB per GPU > {guard['usable_bytes'] / 2**30:.1f} "
+            f"GiB usable ({guard['gpu_memory_gib']} GiB minus {guard['headroom_gib']} GiB headroom; analytic memory "
+            "model, config plan.refuse_oom)")
+
+
+def write_not_started(spec: dict, ctx, status: str, reason: str, started: float) -> None:
+    """The row of a run that is not started (unsupported here, or predicted not to fit): empty metrics and
+    timeline, the reason in the summary."""
     from workflow_scripts.measure import provenance
 
     out_dir = Path(spec["out_dir"])
-    print(f"unsupported: {reason}", flush=True)
+    print(f"{status}: {reason}", flush=True)
     write_settings(spec, ctx, out_dir / C.SETTINGS)
     _header_only(out_dir / C.METRICS, C.METRIC_COLUMNS)
     _header_only(out_dir / C.VRAM, C.SAMPLER_COLUMNS)
     (out_dir / C.PROVENANCE).write_text(json.dumps(provenance.collect(spec, started, time.time()), indent=2))
-    (out_dir / C.SUMMARY).write_text(json.dumps({**identity(spec, ctx), "status": "unsupported",
-                                                 "reason": reason}, indent=2))
+    (out_dir / C.SUMMARY).write_text(json.dumps({**identity(spec, ctx), "status": status, "reason": reason},
+                                                indent=2))
 
 
 def write_result(spec: dict, ctx, rc: int, sampled: dict | None, started: float, ended: float) -> int:

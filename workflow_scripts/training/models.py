@@ -114,6 +114,12 @@ def padded_vocab(vocab_size: int, multiple: int) -> int:
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
+def embedding_rows(tokenizer_vocab: int, train: dict) -> int:
+    """The run's embedding rows: the tokenizer's vocabulary padded to train.vocab_multiple, or the original model's
+    row count (train.embedding_rows) where that is larger."""
+    return max(padded_vocab(tokenizer_vocab, train["vocab_multiple"]), train.get("embedding_rows") or 0)
+
+
 def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | None = None):
     """The transformers config for a registry model with the study's vocabulary and sequence length."""
     from transformers import GPT2Config, Qwen2Config, Qwen2MoeConfig
