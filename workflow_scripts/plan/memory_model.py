@@ -14,9 +14,9 @@
 The peak is taken at the start of backward (all activations alive, the loss chain at its largest), which is where
 the committed GPU runs peak for the strategies that keep their states on the GPU. Per rank, in bytes; N = tokens of
 one micro-batch on the rank. Covered: GPT-2 and dense Qwen2, fp32 / bf16-mixed / bf16-pure, gradient checkpointing,
-the data-parallel strategies (DDP and variants, ZeRO-0..3 and offloads, FSDP2) at any data-parallel size. Not
-covered (the prediction says why): model-parallel layouts (pp, tp, cp, ep), MoE models, compiled blocks or loss
-(inductor decides what is saved).
+the data-parallel strategies (DDP and variants, ZeRO-0..3 and offloads, FSDP2) at any data-parallel size, and the
+pipeline, tensor and context dimensions (predict). Not covered (the prediction says why): expert layouts and MoE
+models, compiled blocks or loss (inductor decides what is saved).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ class Shape:
     kv: int  # key/value width (kv heads x head dim)
     head_dim: int
     vocab: int  # embedding rows (padded)
+    tied: bool = True  # LM head = input embedding
 
 
 def activation_bytes_per_token_layer(s: Shape, precision: str) -> float:
@@ -130,44 +131,77 @@ class Prediction:
         return None if not self.parts else sum(self.parts.values())
 
 
+def tp_split(s: Shape, precision: str) -> tuple[float, float]:
+    """(replicated, sharded) bytes per token and layer under tensor parallelism (parallel/tensor.py: q/k/v and
+    gate/up column-parallel, o/down row-parallel, norms and residual replicated, every column-parallel projection
+    casting its full input): the sharded part is divided by tp. Qwen2 only (GPT-2 is refused for tp)."""
+    d, f, kv, e = s.d, s.ffn, s.kv, s.head_dim
+    sharded = {"bf16-mixed": 4 * d + 4 * kv + 8 * f, "fp32": 8 * d + 8 * kv + 16 * f,
+               "bf16-pure": 4 * d + 4 * kv + 8 * f}[precision]
+    return activation_bytes_per_token_layer(s, precision) - sharded, sharded
+
+
 def predict(*, shape: Shape, family: str, zero_stage: int, precision: str, dp: int,
             micro_batch: int, seq_len: int, grad_accum: int, checkpointing: bool, layout: dict | None = None,
             compiled: bool = False, offload_optimizer: bool = False,
             offload_params: bool = False, traced_per_layer: float | None = None) -> Prediction:
-    """The peak of one rank (Prediction.parts in bytes; total = the predicted max_memory_allocated).
-    `traced_per_layer`: a decoder layer's saved bytes per token counted by torch (traced.py), its bf16 weight casts
-    included, in place of the hand count; None = analytic."""
+    """The peak of the fullest rank (Prediction.parts in bytes; total = the predicted max_memory_allocated).
+    `dp`: the ranks the data-parallel strategy shards over (dp x cp). `traced_per_layer`: a decoder layer's saved
+    bytes per token counted by torch (traced.py), its bf16 weight casts included, in place of the hand count.
+
+    Layouts: tp divides the block parameters and the sharded part of the activations (tp_split); cp divides the
+    tokens of every rank (Ulysses: each rank keeps 1/cp of the sequence); pp gives stage s the blocks L/pp, the
+    embedding (first stage), the LM head and the loss (last stage), and min(M, pp - s) micro-batches in flight under
+    1F1B (torch's warm-up), each with its own activations and weight casts. The fullest stage is the prediction."""
     layout = layout or {}
-    if any(layout.get(k, 1) > 1 for k in ("pp", "tp", "cp", "ep")):
-        return Prediction(False, "model-parallel layout (pp/tp/cp/ep) not modelled yet")
-    if shape.family not in ("gpt2", "qwen2"):
-        return Prediction(False, f"family {shape.family} not modelled yet")
+    if layout.get("ep", 1) > 1 or shape.family not in ("gpt2", "qwen2"):
+        return Prediction(False, f"expert layouts and the {shape.family} family are not modelled yet"
+                          if shape.family not in ("gpt2", "qwen2") else "expert-parallel layout not modelled yet")
     if compiled:
         return Prediction(False, "compiled blocks / loss: inductor decides what is saved")
-    p = shape.n_params
+    pp, tp, cp = (int(layout.get(k, 1)) for k in ("pp", "tp", "cp"))
+    embed = shape.vocab * shape.d
+    blocks = shape.n_params - embed * (1 if shape.tied else 2)
+    replicated, sharded = tp_split(shape, precision) if tp > 1 else (activation_bytes_per_token_layer(shape, precision), 0.0)
+    act_layer = replicated + sharded / tp
+    if traced_per_layer is not None:  # torch's count, scaled by the same tp split
+        act_layer = traced_per_layer * act_layer / (replicated + sharded)
+    stages = [stage_parts(shape, family, zero_stage, precision, dp, micro_batch * seq_len / cp, grad_accum,
+                          checkpointing, s, pp, tp, embed, blocks, act_layer, offload_optimizer, offload_params,
+                          traced=traced_per_layer is not None) for s in range(pp)]
+    parts = max(stages, key=lambda x: sum(x.values()))
+    return Prediction(True, "", parts, "traced" if traced_per_layer is not None else "analytic")
+
+
+def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: int, n: float, accum: int,
+                checkpointing: bool, stage: int, pp: int, tp: int, embed: float, blocks: float, act_layer: float,
+                offload_optimizer: bool, offload_params: bool, traced: bool) -> dict:
+    """One pipeline stage's parts (the whole model when pp = 1)."""
+    first, last = stage == 0, stage == pp - 1
+    layers = shape.n_layer / pp
+    head = embed if last and not (shape.tied and pp == 1) else 0.0
+    p = blocks / pp / tp + (embed if first else 0.0) + head
     param_b, _, opt_b = (b * p for b in STATE_BYTES[precision])
-    params = 0.0 if offload_params else param_b / (dp if zero_stage >= 3 else 1)
-    optimizer = 0.0 if offload_optimizer else opt_b / (dp if zero_stage >= 1 else 1)
-    n = micro_batch * seq_len
-    act_layer = traced_per_layer if traced_per_layer is not None else activation_bytes_per_token_layer(shape, precision)
-    casts = weight_cast_bytes(shape, precision, checkpointing)
-    if traced_per_layer is not None and precision == "bf16-mixed":  # the layer casts are in the trace
-        casts = 2.0 * shape.vocab * shape.d
+    in_flight = min(accum, pp - stage) if pp > 1 else 1
     if checkpointing:
-        activations = n * (shape.n_layer * checkpoint_input_bytes(shape, precision) + act_layer)
+        activations = in_flight * n * layers * checkpoint_input_bytes(shape, precision) + n * act_layer
     else:
-        activations = n * shape.n_layer * act_layer
-    grads_in_flight = 0.0
-    if grad_accum > 1:  # gradients of earlier micro-batches stay until the optimizer step: unsharded for DDP and
-        # for FSDP2, which skips the reduce-scatter (set_requires_gradient_sync(False)) until the last micro-batch
-        grads_in_flight = 4.0 * p / (dp if family == "deepspeed" and zero_stage >= 2 else 1)
-    parts = {
-        "parameters": params,
-        "optimizer states": optimizer,
+        activations = in_flight * n * layers * act_layer
+    casts = 0.0
+    if precision == "bf16-mixed":  # every micro-batch in flight saved its own bf16 copies
+        layer_weights = blocks / shape.n_layer / tp
+        cast_layers = 0.0 if traced else (1 if checkpointing else in_flight * layers)
+        casts = 2.0 * (layer_weights * cast_layers + (embed if last else 0.0))
+    grads = 0.0
+    if accum > 1:  # gradients of earlier micro-batches stay until the optimizer step: unsharded for DDP and for
+        # FSDP2, which skips the reduce-scatter (set_requires_gradient_sync(False)) until the last micro-batch
+        grads = 4.0 * p / (dp if family == "deepspeed" and zero_stage >= 2 else 1)
+    return {
+        "parameters": 0.0 if offload_params else param_b / (dp if zero_stage >= 3 else 1),
+        "optimizer states": 0.0 if offload_optimizer else opt_b / (dp if zero_stage >= 1 else 1),
         "engine buffers": engine_bytes(family, zero_stage, p, dp, precision, offload_optimizer),
-        "gradients (accumulating)": grads_in_flight,
+        "gradients (accumulating)": grads,
         "weight casts": casts,
         "activations": activations,
-        "loss": n * loss_bytes_per_token(shape, precision),
+        "loss": n * loss_bytes_per_token(shape, precision) if last else 0.0,
     }
-    return Prediction(True, "", parts, "traced" if traced_per_layer is not None else "analytic")

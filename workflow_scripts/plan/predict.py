@@ -22,7 +22,7 @@ def shape(model: str, overrides: dict | None, n_params: int, vocab: int) -> mm.S
     kv_heads = s.get("num_key_value_heads", heads)
     ffn = s.get("n_inner") or s.get("intermediate_size") or 4 * d
     return mm.Shape(spec.family, int(n_params), s.get("n_layer", s.get("num_hidden_layers")), d, ffn,
-                    kv_heads * d // heads, d // heads, int(vocab))
+                    kv_heads * d // heads, d // heads, int(vocab), bool(s.get("tie_word_embeddings", True)))
 
 
 @lru_cache(maxsize=64)
@@ -71,11 +71,11 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
     n_params = n_params or count_params(model, key, vocab, seq_len)
     s = shape(model, overrides, n_params, vocab)
     strat = STRATEGIES[strategy]
-    dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1) * layout.get("cp", 1))
+    dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # the strategy shards over dp x cp
     off_opt, off_par = offloads(strategy, options)
     per_layer = None
     if method == "traced":
-        per_layer = _traced(model, key, precision, micro_batch, seq_len)
+        per_layer = _traced(model, key, precision, micro_batch, seq_len // layout.get("cp", 1))
     return mm.predict(shape=s, family=strat.family, zero_stage=strat.zero_stage,
                       precision=precision, dp=dp, micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum,
                       checkpointing=checkpointing, layout=layout, compiled=compiled, offload_optimizer=off_opt,
