@@ -98,14 +98,20 @@ def weight_cast_bytes(s: Shape, precision: str, checkpointing: bool) -> float:
 STATE_BYTES = {"fp32": (4, 4, 8), "bf16-mixed": (4, 4, 8), "bf16-pure": (2, 4, 12)}  # as training.precision
 
 
-def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str, offload_optimizer: bool) -> float:
+REDUCE_BUCKET = 5e8  # DeepSpeed's default reduce_bucket_size (elements)
+
+
+def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str, offload_optimizer: bool,
+                 reduce_bucket: float = REDUCE_BUCKET) -> float:
     """What the strategy's engine holds beyond parameters and optimizer states at the start of backward (bytes);
     `p` = parameters on the rank before data-parallel sharding.
     - DDP: its gradient buckets, a flat fp32 copy of every gradient; they stay allocated between steps also when
       the gradients are views into them (gradient_as_bucket_view only saves the separate .grad tensors).
     - DeepSpeed with fp32 parameters (fp32, bf16-mixed): the optimizer's fp32 partition is a clone of the fp32
       parameters, 4p/dp more (under bf16-pure that master copy is already in the optimizer states); with the
-      optimizer offloaded it lives on the host. ZeRO-3 adds its flat gradient-partition buffer (gradient dtype).
+      optimizer offloaded it lives on the host. ZeRO-3 adds its flat gradient-partition buffer (gradient dtype;
+      on the host with offload) and its reduce (IPG) bucket, `reduce_bucket_size` elements in the parameters' dtype,
+      allocated on the GPU at start-up whatever the offload (DeepSpeed 0.19 stage3.py).
       Stage 2's gradient partition is not alive at the start of backward (measured: ZeRO-2 peaks as ZeRO-1).
     - FSDP2: nothing beyond the shards at that point (its unsharded block is freed after forward)."""
     if family == "ddp":
@@ -114,8 +120,8 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
         return 0.0
     fp32_params = precision != "bf16-pure"
     out = 4.0 * p / dp if zero_stage >= 1 and fp32_params and not offload_optimizer else 0.0
-    if zero_stage == 3 and not offload_optimizer:
-        out += (4.0 if fp32_params else 2.0) * p / dp
+    if zero_stage == 3:
+        out += (4.0 if fp32_params else 2.0) * (reduce_bucket + (0.0 if offload_optimizer else p / dp))
     return out
 
 
@@ -144,7 +150,8 @@ def tp_split(s: Shape, precision: str) -> tuple[float, float]:
 def predict(*, shape: Shape, family: str, zero_stage: int, precision: str, dp: int,
             micro_batch: int, seq_len: int, grad_accum: int, checkpointing: bool, layout: dict | None = None,
             compiled: bool = False, offload_optimizer: bool = False,
-            offload_params: bool = False, traced_per_layer: float | None = None) -> Prediction:
+            offload_params: bool = False, traced_per_layer: float | None = None,
+            reduce_bucket: float = REDUCE_BUCKET) -> Prediction:
     """The peak of the fullest rank (Prediction.parts in bytes; total = the predicted max_memory_allocated).
     `dp`: the ranks the data-parallel strategy shards over (dp x cp). `traced_per_layer`: a decoder layer's saved
     bytes per token counted by torch (traced.py), its bf16 weight casts included, in place of the hand count.
@@ -168,14 +175,14 @@ def predict(*, shape: Shape, family: str, zero_stage: int, precision: str, dp: i
         act_layer = traced_per_layer * act_layer / (replicated + sharded)
     stages = [stage_parts(shape, family, zero_stage, precision, dp, micro_batch * seq_len / cp, grad_accum,
                           checkpointing, s, pp, tp, embed, blocks, act_layer, offload_optimizer, offload_params,
-                          traced=traced_per_layer is not None) for s in range(pp)]
+                          traced=traced_per_layer is not None, reduce_bucket=reduce_bucket) for s in range(pp)]
     parts = max(stages, key=lambda x: sum(x.values()))
     return Prediction(True, "", parts, "traced" if traced_per_layer is not None else "analytic")
 
 
 def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: int, n: float, accum: int,
                 checkpointing: bool, stage: int, pp: int, tp: int, embed: float, blocks: float, act_layer: float,
-                offload_optimizer: bool, offload_params: bool, traced: bool) -> dict:
+                offload_optimizer: bool, offload_params: bool, traced: bool, reduce_bucket: float) -> dict:
     """One pipeline stage's parts (the whole model when pp = 1)."""
     first, last = stage == 0, stage == pp - 1
     layers = shape.n_layer / pp
@@ -199,7 +206,7 @@ def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: 
     return {
         "parameters": 0.0 if offload_params else param_b / (dp if zero_stage >= 3 else 1),
         "optimizer states": 0.0 if offload_optimizer else opt_b / (dp if zero_stage >= 1 else 1),
-        "engine buffers": engine_bytes(family, zero_stage, p, dp, precision, offload_optimizer),
+        "engine buffers": engine_bytes(family, zero_stage, p, dp, precision, offload_optimizer, reduce_bucket),
         "gradients (accumulating)": grads,
         "weight casts": casts,
         "activations": activations,

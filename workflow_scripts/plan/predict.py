@@ -79,7 +79,8 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
     return mm.predict(shape=s, family=strat.family, zero_stage=strat.zero_stage,
                       precision=precision, dp=dp, micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum,
                       checkpointing=checkpointing, layout=layout, compiled=compiled, offload_optimizer=off_opt,
-                      offload_params=off_par, traced_per_layer=per_layer)
+                      offload_params=off_par, traced_per_layer=per_layer,
+                      reduce_bucket=float((options or {}).get("reduce_bucket_size", mm.REDUCE_BUCKET)))
 
 
 def predict_run(spec: dict, summary: dict, method: str = "analytic") -> mm.Prediction:
