@@ -10,9 +10,19 @@ configfile: "config.yaml"
 
 
 include: "rules/common.smk"
-include: "rules/corpus.smk"
-include: "rules/tokenizer.smk"
-include: "rules/tokenize.smk"
+
+
+if config["data"]["kind"] == "images":
+
+    include: "rules/images.smk"
+
+else:
+
+    include: "rules/corpus.smk"
+    include: "rules/tokenizer.smk"
+    include: "rules/tokenize.smk"
+
+
 include: "rules/calibrate.smk"
 include: "rules/train.smk"
 include: "rules/parse.smk"

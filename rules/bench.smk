@@ -4,9 +4,9 @@
 # Trainer per strategy (bench_compare). Each fits a 10-minute GPU command on its own.
 rule bench_part:
     input:
-        train=rules.tokenize.output.train,
-        val=rules.tokenize.output.val,
-        manifest=rules.tokenize.output.manifest,
+        train=DATA["train"],
+        val=DATA["val"],
+        manifest=DATA["manifest"],
         ops=bench_ops,
     output:
         csv=f"{R}/bench/{{table}}.csv",
@@ -49,9 +49,9 @@ rule bench_harness:
 # Sampler overhead, not part of `all`: the same run with the VRAM sampler on and off, interleaved over bench.rounds.
 rule bench_sampler:
     input:
-        train=rules.tokenize.output.train,
-        val=rules.tokenize.output.val,
-        manifest=rules.tokenize.output.manifest,
+        train=DATA["train"],
+        val=DATA["val"],
+        manifest=DATA["manifest"],
         ops=bench_ops,
     output:
         csv=f"{R}/bench/sampler_overhead.csv",

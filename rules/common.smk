@@ -33,6 +33,12 @@ W = config["work_dir"]
 PLATFORM = config["platform"]
 RUN = f"{R}/runs/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}"  # layout: ws2, dp2-pp2-tp2, ...
 PROFILE = bool(config["profile"]["enabled"])
+# the training data every run reads: token blocks (rule tokenize) or image rows (rule images), same places
+DATA = {
+    "train": f"{W}/data/train.npy",
+    "val": f"{W}/data/val.npy",
+    "manifest": f"{R}/data/tokens_manifest.json",
+}
 # a run's raw profiler traces (config profile): study.trace_dir names the same directory in the run's spec
 TRACES = study.trace_dir(config, "{model}", "{strategy}", "{layout}", "{repeat}")
 try:  # the image of every job under --use-apptainer; a missing one is an error now, not at the first job

@@ -18,9 +18,9 @@ rule build_op:
 
 rule train:
     input:
-        train=rules.tokenize.output.train,
-        val=rules.tokenize.output.val,
-        manifest=rules.tokenize.output.manifest,
+        train=DATA["train"],
+        val=DATA["val"],
+        manifest=DATA["manifest"],
         ops=ops_for,
         calibration=ancient(f"{R}/calibration/calibration.json"),
     output:

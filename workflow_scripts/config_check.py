@@ -45,7 +45,8 @@ def _is_local(path: str) -> bool:
 def problems(config: dict, devices: int | None = None) -> list[str]:
     found = (name_problems(config) + batch_problems(config) + layout_problems(config)
              + size_problems(config, devices) + data_problems(config) + bench_problems(config)
-             + verify_problems(config) + study.precision_problems(config) + published_problems(config))
+             + verify_problems(config) + study.precision_problems(config) + published_problems(config)
+             + data_kind_problems(config))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
 
 
@@ -60,6 +61,23 @@ def verify_problems(config: dict) -> list[str]:
         return [f"verify.against: {against} is this study's results_dir: set results_dir to a new folder for the "
                 "rerun (the committed set is never overwritten)"]
     return []
+
+
+def data_kind_problems(config: dict) -> list[str]:
+    """Image classifiers train on image rows (data.kind: images), language models on token blocks; LoRA only on
+    image classifiers so far; a local image folder exists."""
+    kind, out = config["data"]["kind"], []
+    for m in study.all_names(config, "models"):
+        if m in MODELS and (MODELS[m].family == "vit") != (kind == "images"):
+            out.append(f"data.kind: {kind}, but {m} is {'an image classifier' if MODELS[m].family == 'vit' else 'a language model'}"
+                       f" (set data.kind: {'images' if MODELS[m].family == 'vit' else 'text'})")
+    if config["train"].get("lora") and any(MODELS[m].family != "vit" for m in study.all_names(config, "models")
+                                           if m in MODELS):
+        out.append("train.lora: LoRA is wired for the vit-* models only")
+    local = (config.get("images") or {}).get("local") or {}
+    if kind == "images" and config["images"]["source"] == "local" and not os.path.isdir(local.get("path") or ""):
+        out.append(f"images.local.path: {local.get('path')!r} is not a directory")
+    return out
 
 
 def published_problems(config: dict) -> list[str]:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from workflow_scripts.training.context import RunContext
-from workflow_scripts.training.models import build_model, embedding_rows
+from workflow_scripts.training.models import MODELS, build_model, embedding_rows, with_lora
 
 
 def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
@@ -22,7 +22,7 @@ def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
     if t.get("max_train_samples"):
         blocks = blocks[: t["max_train_samples"]]
     val = np.load(spec["data"]["val"], mmap_mode="r")
-    vocab = embedding_rows(data["vocab_size"], t)
+    vocab = data["num_classes"] if data.get("kind") == "images" else embedding_rows(data["vocab_size"], t)
     return data, blocks, val, vocab
 
 
@@ -32,7 +32,15 @@ def make_model(spec: dict, vocab: int, seq_len: int):
                         attn_implementation=spec["train"]["attn_implementation"],
                         overrides=spec.get("model_overrides"))
     model.config.use_cache = False
-    return model
+    lora = lora_settings(spec)
+    return with_lora(model, lora) if lora else model
+
+
+def lora_settings(spec: dict) -> dict | None:
+    """The run's LoRA (a `-lora` registry model, its keys overridden by train.lora), or None."""
+    base = MODELS[spec["model"]].lora
+    given = spec["train"].get("lora")
+    return {**(base or {}), **given} if given else base
 
 
 class Batches:

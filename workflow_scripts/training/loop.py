@@ -23,7 +23,7 @@ import resource
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +35,11 @@ from workflow_scripts.measure import metrics as M
 from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
-from workflow_scripts.training import harness
+from workflow_scripts.training import harness, vision
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import RunContext, init_distributed
-from workflow_scripts.training.models import MODELS, count_params, model_flops_per_token
+from workflow_scripts.training.models import MODELS, count_params, count_trainable, model_flops_per_token
 from workflow_scripts.training.parallel import build_engine
 from workflow_scripts.training.strategies import get as get_strategy
 from workflow_scripts.training.strategies.base import Engine, Strategy
@@ -73,6 +73,12 @@ class Run:
     levers: dict
     out_dir: Path
     ckpt_dir: Path
+    trainable: int = 0  # parameters that train (all of them, or LoRA's adapters and the head)
+    accuracy: dict = field(default_factory=dict)  # image classifiers: top-1 validation accuracy, initial / final
+
+    @property
+    def vision(self) -> bool:
+        return MODELS[self.spec["model"]].family == "vit"
 
     @property
     def t(self) -> dict:
@@ -100,7 +106,9 @@ def setup(spec: dict) -> Run:
     data, blocks, val, vocab = load_data(spec)
     seq_len = data["block_size"]
     model = make_model(spec, vocab, seq_len)
-    n_params = count_params(model)
+    n_params, trainable = count_params(model), count_trainable(model)
+    if MODELS[spec["model"]].family == "vit":  # image rows: pixels and label (training/vision.py)
+        ctx.forward_loss = vision.forward_loss
     if t["gradient_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     levers = harness.apply(model, t, strategy)
@@ -119,7 +127,7 @@ def setup(spec: dict) -> Run:
         total_steps = min(total_steps, t["max_steps"])
     return Run(spec=spec, ctx=ctx, strategy=strategy, engine=engine, batches=batches, val=val, seq_len=seq_len,
                vocab=vocab, tokenizer_vocab=data["vocab_size"], n_params=n_params, total_steps=total_steps,
-               levers=levers, out_dir=out_dir, ckpt_dir=ckpt_dir)
+               levers=levers, out_dir=out_dir, ckpt_dir=ckpt_dir, trainable=trainable)
 
 
 # ---------------------------------------------------------------- step rows
@@ -199,6 +207,9 @@ def train(spec: dict) -> dict | None:
     val_initial = state["val_loss_initial"]
     if val_initial is None:
         val_initial = evaluate(engine, run.val, ctx, run.eval_samples)
+    if run.vision:
+        run.accuracy["initial"] = state.get("val_accuracy_initial") or vision.accuracy(engine, run.val, ctx,
+                                                                                       run.eval_samples)
 
     profiler = StepProfiler(spec, ctx, state["step"], run.total_steps)
     log = StepLog(run, state["rows"], state["step"], profiler.profiled)
@@ -225,11 +236,14 @@ def train(spec: dict) -> dict | None:
                 log.flush()
                 save_checkpoint(engine, run.ckpt_dir, done,
                                 {"step": done, "rows": log.rows, "val_loss_initial": val_initial,
-                                 "config_hash": config_hash}, ctx.rank)
+                                 "val_accuracy_initial": run.accuracy.get("initial"), "config_hash": config_hash},
+                                ctx.rank)
                 log.untimed_gap()
     log.flush()
     publisher.publish(run.total_steps + 1)
     val_final = evaluate(engine, run.val, ctx, run.eval_samples)
+    if run.vision:
+        run.accuracy["final"] = vision.accuracy(engine, run.val, ctx, run.eval_samples)
     log.close(val_final)
     return finish(run, log.rows, (val_initial, val_final), resumed_from)
 
@@ -267,7 +281,7 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
     spec, ctx, strategy = run.spec, run.ctx, run.strategy
     shape = MODELS[spec["model"]]
     device_name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
-    fpt = model_flops_per_token(spec["model"], run.n_params, run.seq_len)
+    fpt = model_flops_per_token(spec["model"], run.n_params, run.seq_len, run.trainable)
     steps_per_epoch, total_steps, cuda = run.batches.steps_per_epoch, run.total_steps, ctx.device.type == "cuda"
     epoch_wall = {}
     for r in rows:
@@ -306,6 +320,9 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
                               ctx.precision.state_bytes,
                               strategy.offload_optimizer(ctx), strategy.offload_params(ctx)),
         "compile_blocks": run.levers["compile_blocks"], "compile_loss": run.levers["compile_loss"],
+        "trainable_params": run.trainable,
+        **({"val_accuracy_initial": run.accuracy.get("initial"), "val_accuracy_final": run.accuracy.get("final")}
+           if run.vision else {}),
     }
 
 

@@ -32,9 +32,10 @@ QWEN2_BASE = dict(
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str  # "gpt2" | "qwen2" | "qwen2_moe"
+    family: str  # "gpt2" | "qwen2" | "qwen2_moe" | "vit"
     hub_id: str | None  # where pretrained weights / the original config live
     shape: dict  # architecture keys for the transformers config class
+    lora: dict | None = None  # a LoRA variant: peft's LoraConfig keys (train.lora overrides them)
 
     @property
     def n_layer(self) -> int:
@@ -88,6 +89,19 @@ def _qwen2_moe(name, hub_id, layers, hidden, heads, kv_heads, experts, top_k, mo
     return ModelSpec(name, "qwen2_moe", hub_id, shape)
 
 
+VIT_BASE = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, hidden_act="gelu", layer_norm_eps=1e-12,
+                qkv_bias=True)
+VIT_LORA = {"r": 16, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"],
+            "modules_to_save": ["classifier"]}
+
+
+def _vit(name, hub_id, layers, hidden, inter, heads, patch, lora=None):
+    """ViT image classifier (transformers ViTForImageClassification); the image size comes from the data."""
+    shape = dict(VIT_BASE, num_hidden_layers=layers, hidden_size=hidden, intermediate_size=inter,
+                 num_attention_heads=heads, patch_size=patch)
+    return ModelSpec(name, "vit", hub_id, shape, lora)
+
+
 MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     # CPU-sized models for the default study and tests
     _gpt2("gpt2-tiny", None, 2, 128, 4),
@@ -102,6 +116,12 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     _qwen2("qwen2.5-coder-1.5b", "Qwen/Qwen2.5-Coder-1.5B", 28, 1536, 8960, 12, 2),
     _qwen2("qwen2.5-3b", "Qwen/Qwen2.5-3B", 36, 2048, 11008, 16, 2),
     _qwen2_moe("qwen1.5-moe-a2.7b", "Qwen/Qwen1.5-MoE-A2.7B", 24, 2048, 16, 16, 60, 4, 1408, 5632),
+    # vision: ViT-Base/16 (86M) full and with LoRA on query/value, ViT-Huge/14 (632M); a CPU-sized ViT
+    _vit("vit-tiny", None, 2, 64, 128, 4, 8),
+    _vit("vit-tiny-lora", None, 2, 64, 128, 4, 8, lora=VIT_LORA),
+    _vit("vit-base-16", "google/vit-base-patch16-224-in21k", 12, 768, 3072, 12, 16),
+    _vit("vit-base-16-lora", "google/vit-base-patch16-224-in21k", 12, 768, 3072, 12, 16, lora=VIT_LORA),
+    _vit("vit-huge-14", "google/vit-huge-patch14-224-in21k", 32, 1280, 5120, 16, 14),
     # its shape at half the depth (7.4B parameters, 1.6B active): FSDP2 fits it on 2 GPUs of 141 GB
     _qwen2_moe("qwen1.5-moe-a2.7b-12l", "Qwen/Qwen1.5-MoE-A2.7B", 12, 2048, 16, 16, 60, 4, 1408, 5632),
 ]}
@@ -126,6 +146,10 @@ def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | 
 
     spec = MODELS[name]
     shape = dict(spec.shape, **(overrides or {}))
+    if spec.family == "vit":  # vocab_size: the classes; block_size: one image row (label + 3 x size x size)
+        from transformers import ViTConfig
+
+        return ViTConfig(num_labels=vocab_size, image_size=image_size(block_size), **shape)
     if spec.family == "gpt2":
         shape["n_positions"] = max(shape.get("n_positions", 1024), block_size)
         return GPT2Config(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0, **shape)
@@ -139,6 +163,8 @@ def build_model(name: str, vocab_size: int, block_size: int, *, pretrained: str 
     import torch
     from transformers import AutoModelForCausalLM
 
+    if MODELS[name].family == "vit":
+        return build_vit(name, vocab_size, block_size, pretrained, attn_implementation, overrides)
     if pretrained:
         model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32,
                                                      attn_implementation=attn_implementation)
@@ -148,6 +174,32 @@ def build_model(name: str, vocab_size: int, block_size: int, *, pretrained: str 
     config = build_config(name, vocab_size, block_size, overrides)
     config._attn_implementation = attn_implementation
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def build_vit(name: str, classes: int, block_size: int, pretrained: str | None, attn_implementation: str,
+              overrides: dict | None):
+    """ViTForImageClassification: random init, or pretrained weights with a new head of `classes` outputs."""
+    import torch
+    from transformers import AutoModelForImageClassification
+
+    if pretrained:
+        return AutoModelForImageClassification.from_pretrained(
+            pretrained, dtype=torch.float32, num_labels=classes, image_size=image_size(block_size),
+            ignore_mismatched_sizes=True, attn_implementation=attn_implementation)
+    config = build_config(name, classes, block_size, overrides)
+    config._attn_implementation = attn_implementation
+    return AutoModelForImageClassification.from_config(config, dtype=torch.float32)
+
+
+def with_lora(model, settings: dict):
+    """peft's LoRA on the model: only the adapters (and modules_to_save) train, the base weights stay as loaded."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(**settings))
+
+
+def count_trainable(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
 
 
 def count_params(model) -> int:
@@ -165,9 +217,32 @@ def flops_per_token(n_params: int, n_layer: int, d_model: int, seq_len: int) -> 
     return 6.0 * n_params + 12.0 * n_layer * d_model * seq_len
 
 
-def model_flops_per_token(name: str, n_params: int, seq_len: int) -> float:
-    """flops_per_token of a registry model with N its active parameters (a MoE token skips the idle experts)."""
+def image_size(row_length: int) -> int:
+    """The side of the square RGB image stored in a row of 1 + 3 x size x size values (data/images.py)."""
+    size = int(round(((row_length - 1) / 3) ** 0.5))
+    if 1 + 3 * size * size != row_length:
+        raise ValueError(f"a row of {row_length} values is not a label and a square RGB image")
+    return size
+
+
+def vit_flops_per_image(n_params: int, trainable: int, n_layer: int, d_model: int, patches: int) -> float:
+    """Training FLOPs per image of a ViT: T = patches + 1 (class token) tokens, 2N forward and 2N backward
+    (activation gradients) per token for every weight, 2N more for the weights that train (all of them, or LoRA's
+    adapters and the head), plus attention's 12·L·d·T per token."""
+    tokens = patches + 1
+    return tokens * (4.0 * n_params + 2.0 * trainable + 12.0 * n_layer * d_model * tokens)
+
+
+def model_flops_per_token(name: str, n_params: int, seq_len: int, trainable: int | None = None) -> float:
+    """flops_per_token of a registry model with N its active parameters (a MoE token skips the idle experts). For
+    a ViT the "tokens" of a step are the stored values of its image rows: FLOPs per image / row length, so that
+    tokens/s x flops_per_token = images/s x FLOPs per image."""
     spec = MODELS[name]
+    if spec.family == "vit":
+        patches = (image_size(seq_len) // spec.shape["patch_size"]) ** 2
+        per_image = vit_flops_per_image(n_params, n_params if trainable is None else trainable, spec.n_layer,
+                                        spec.d_model, patches)
+        return per_image / seq_len
     return flops_per_token(n_params - spec.idle_expert_params, spec.n_layer, spec.d_model, seq_len)
 
 

@@ -1,0 +1,17 @@
+# Stages 1-3 for image studies (data.kind: images): labelled images -> resized uint8 rows + manifest, in the
+# places the token blocks take for text (workflow_scripts/data/images.py).
+rule images:
+    output:
+        train=f"{W}/data/train.npy",
+        val=f"{W}/data/val.npy",
+        manifest=f"{R}/data/tokens_manifest.json",
+    log:
+        f"{R}/logs/images.log",
+    container:
+        IMAGE
+    params:
+        images=json.dumps(config["images"], sort_keys=True),
+        val_fraction=config["data"]["val_fraction"],
+    shell:
+        "python3 -m workflow_scripts.data.images --params {params.images:q} --val-fraction {params.val_fraction} "
+        "--train {output.train} --val {output.val} --manifest {output.manifest} > {log} 2>&1"
