@@ -59,11 +59,45 @@ def ds_settings(ctx: RunContext, cfg: dict) -> dict:
             "precision_detail": detail, "optimizer": {**adamw_settings(ctx), "impl": optimizer}}
 
 
+ZEROPP_CALLS = {  # what proves each ZeRO++ part ran, not only that it was configured (STUDY.md: qgZ engages across nodes)
+    "qwZ quantize (CUDAQuantizer.quantize)": ("deepspeed.runtime.zero.partition_parameters", "CUDAQuantizer",
+                                             "quantize"),
+    "qgZ all_to_all_quant_reduce": ("deepspeed.runtime.zero.stage3", None, "all_to_all_quant_reduce"),
+    "hpZ secondary partition (Init._partition_param_sec)": ("deepspeed.runtime.zero.partition_parameters", "Init",
+                                                            "_partition_param_sec"),
+}
+
+
+def count_zeropp_calls(counts: dict) -> None:
+    """Wrap DeepSpeed's ZeRO++ entry points with call counters (into `counts`, read into the run's summary)."""
+    import functools
+    import importlib
+
+    for label, (module_name, owner_name, attr) in ZEROPP_CALLS.items():
+        module = importlib.import_module(module_name)
+        owner = getattr(module, owner_name) if owner_name else module
+        original = getattr(owner, attr)
+        if getattr(original, "_counted", False):
+            continue
+        counts[label] = 0
+
+        @functools.wraps(original)
+        def counted(*args, _original=original, _label=label, **kwargs):
+            counts[_label] += 1
+            return _original(*args, **kwargs)
+
+        counted._counted = True
+        setattr(owner, attr, counted)
+
+
 class DeepSpeedEngine(Engine):
     def __init__(self, model: torch.nn.Module, ctx: RunContext, cfg: dict):
         import deepspeed
 
         super().__init__(ctx)
+        zero = cfg.get("zero_optimization", {})
+        if any(zero.get(k) for k in ("zero_quantized_weights", "zero_quantized_gradients", "zero_hpz_partition_size")):
+            count_zeropp_calls(ctx.parallel.setdefault("zeropp_calls", {}))
         optimizer = None if "optimizer" in cfg else adamw(model.parameters(), ctx)
         self.module, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=cfg,
