@@ -29,4 +29,4 @@ VRAM_COLUMNS = ID_COLUMNS + SAMPLER_COLUMNS
 
 # ---------------------------------------------------------------- figures (rules/figures.smk and report/figures.py)
 FIGURES = ["loss_curves", "peak_memory", "throughput", "time_per_epoch", "mfu", "memory_timeline",
-           "memory_vs_throughput", "scaling", "layouts", "phases"]
+           "memory_vs_throughput", "scaling", "layouts", "phases", "accuracy"]

@@ -19,6 +19,9 @@ Each figure is written as <name>.png and <name>.pdf. Panels are one per (model, 
 - memory_vs_throughput  which strategy to pick: peak memory (x) against tokens/s (y), one labelled point per strategy.
 - scaling               tokens/s vs world size per strategy (one panel per model), with the ideal linear line from
                         each strategy's smallest world size.
+- accuracy              image classifiers: top-1 validation accuracy before and after training per strategy, and
+                        for a model trained both fully and with LoRA the peak memory and trainable parameters of
+                        each; other studies: an empty axes saying so.
 - layouts               per model with more than one parallel layout: MFU per layout (on CPU tokens/s per rank),
                         and each rank's peak torch-allocated memory per layout (on CPU peak host RSS): pipeline
                         stages hold different memory.
@@ -233,7 +236,61 @@ def bar_figure(data: Data, metric: str, ylabel: str, scale: float = 1.0) -> plt.
 
 
 def throughput_figure(data: Data) -> plt.Figure:
+    if len(data.summary) and data.summary["model"].map(is_image_model).all():
+        return bar_figure(data, "samples_per_s", "images/s (mean ± 95% CI)")
     return bar_figure(data, "tokens_per_s", "tokens/s (mean ± 95% CI)")
+
+
+def is_image_model(name: str) -> bool:
+    from workflow_scripts.training.models import MODELS
+
+    return name in MODELS and MODELS[name].family == "vit"
+
+
+# ---------------------------------------------------------------- image classifiers: accuracy, LoRA vs full
+def accuracy_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict) -> None:
+    """Validation top-1 accuracy before (hatched) and after training, per strategy."""
+    for x, row in enumerate(rows.itertuples()):
+        if row.status != "ok":
+            mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
+            continue
+        colour = colours.get(row.strategy)
+        ax.bar(x - 0.2, 100 * row.val_accuracy_initial, 0.4, color="white", edgecolor=colour, hatch="///")
+        ax.bar(x + 0.2, 100 * row.val_accuracy_final, 0.4, color=colour,
+               yerr=None if pd.isna(row.val_accuracy_final_ci95) else 100 * row.val_accuracy_final_ci95, capsize=3)
+    strategy_ticks(ax, list(rows["strategy"]))
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("top-1 validation accuracy (%): before / after")
+
+
+def lora_panel(ax: plt.Axes, summary: pd.DataFrame, full: str) -> None:
+    """The same model fine-tuned fully and with LoRA (same strategy and GPUs): peak memory, trainable parameters."""
+    rows = summary[summary["model"].isin([full, f"{full}-lora"]) & (summary["status"] == "ok")]
+    rows = rows.sort_values("model")
+    unit, div = memory_unit(float(rows["peak_allocated_bytes"].max()))
+    ax.bar(range(len(rows)), rows["peak_allocated_bytes"] / div, 0.6, color=["C0", "C1"][:len(rows)])
+    for x, row in enumerate(rows.itertuples()):
+        ax.text(x, row.peak_allocated_bytes / div, f"{row.trainable_params / 1e6:.2f}M trainable", ha="center",
+                va="bottom", fontsize="x-small")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(["LoRA" if m.endswith("-lora") else "full" for m in rows["model"]])
+    ax.set_ylabel(f"torch peak allocated ({unit})")
+    ax.set_title(f"{full}: LoRA vs full fine-tuning", fontsize="medium")
+
+
+def accuracy_figure(data: Data) -> plt.Figure:
+    keys = [k for k in panel_keys(data.summary) if is_image_model(k[0])]
+    models = set(data.summary.loc[data.summary["status"] == "ok", "model"])
+    pairs = sorted(m for m in models if f"{m}-lora" in models)
+    fig, axes = grid(len(keys) + len(pairs), data.style)
+    for ax, (model, layout) in zip(axes, keys):
+        accuracy_panel(ax, panel_rows(data.summary, model, layout), data.colors)
+        ax.set_title(panel_title(data.summary, model, layout))
+    for ax, full in zip(axes[len(keys):], pairs):
+        lora_panel(ax, data.summary, full)
+    if not keys:
+        empty_note(axes[0], "no image-classification runs (accuracy is drawn for image classifiers)")
+    return fig
 
 
 def time_per_epoch_figure(data: Data) -> plt.Figure:
@@ -651,7 +708,7 @@ def layouts_figure(data: Data) -> plt.Figure:
 BUILDERS = {"loss_curves": loss_curves_figure, "peak_memory": peak_memory_figure, "throughput": throughput_figure,
             "time_per_epoch": time_per_epoch_figure, "mfu": mfu_figure, "memory_timeline": memory_timeline_figure,
             "memory_vs_throughput": memory_vs_throughput_figure, "scaling": scaling_figure,
-            "layouts": layouts_figure, "phases": phases_figure}
+            "layouts": layouts_figure, "phases": phases_figure, "accuracy": accuracy_figure}
 assert list(BUILDERS) == FIGURES
 
 

@@ -39,7 +39,8 @@ RUN_COLUMNS = [
     "samples_per_s", "flops_per_token", "peak_tflops", "mfu", "peak_allocated_bytes", "peak_reserved_bytes",
     "peak_host_rss_bytes", "initial_loss", "final_loss", "val_loss_initial", "val_loss_final", "val_ppl_final",
     "predicted_model_state_bytes", "predicted_host_state_bytes", "sampler_status", "sampler_peak_device_bytes",
-    "sampler_peak_host_bytes", "predicted_peak_bytes", "predicted_peak_note", "provenance", "settings",
+    "sampler_peak_host_bytes", "predicted_peak_bytes", "predicted_peak_note", "val_accuracy_initial",
+    "val_accuracy_final", "trainable_params", "provenance", "settings",
 ]
 RUN_TEXT = {"run_id", "study", "model", "strategy", "family", "layout", "platform", "device_name", "precision",
             "precision_detail", "status", "reason", "in_figures", "sampler_status", "provenance", "settings",
@@ -56,7 +57,8 @@ STATUS_WORD = {"oom": "OOM", "unsupported": "unsupported", "failed": "failed"}
 METRICS = ["time_per_epoch_s", "train_time_s", "tokens_per_s", "samples_per_s", "mfu", "final_loss",
            "initial_loss", "val_loss_final", "step_time_median_s", "peak_memory_bytes", "peak_allocated_bytes",
            "peak_reserved_bytes", "sampler_peak_device_bytes", "peak_host_rss_bytes", "sampler_peak_host_bytes",
-           "predicted_model_state_bytes", "predicted_host_state_bytes", "predicted_peak_bytes", "forward_median_s", "backward_median_s",
+           "predicted_model_state_bytes", "predicted_host_state_bytes", "predicted_peak_bytes", "val_accuracy_initial",
+           "val_accuracy_final", "trainable_params", "forward_median_s", "backward_median_s",
            "optimizer_median_s"]
 # configuration: taken from the group's first successful run (the same for every repeat)
 CONFIG = ["world_size", "family", "zero_stage", "platform", "device_name", "precision", "n_params", "n_layer", "seq_len",
@@ -276,13 +278,27 @@ def fmt_int(x) -> str:
 
 # ---------------------------------------------------------------- the summary table
 COLUMNS = ["Strategy", "Model", "Parameters", "GPUs", "Batch", "Epochs", "Samples", "Time/epoch (s)",
-           "Step: fwd / bwd / opt (ms)", "Peak memory", "Final loss", "Tokens/s", "MFU (%)", "Repeats", "Status", "Provenance"]
+           "Step: fwd / bwd / opt (ms)", "Peak memory", "Final loss", "Tokens/s (images: img/s)", "MFU (%)", "Repeats", "Status", "Provenance"]
 
 
 def phase_cell(row) -> str:
     """Median forward / backward / optimizer time of a step (mean over repeats), as timed in the step loop."""
     values = [row[f"{phase}_median_s"] for phase in ("forward", "backward", "optimizer")]
     return "–" if any(pd.isna(v) for v in values) else " / ".join(fmt_number(1000 * v) for v in values)
+
+
+def images(row) -> bool:
+    """An image classifier's row (its throughput is images/s: its "tokens" are stored pixel values)."""
+    from workflow_scripts.training.models import MODELS
+
+    spec = MODELS.get(row["model"])
+    return spec is not None and spec.family == "vit"
+
+
+def throughput_cell(row, pm: str) -> str:
+    if images(row):
+        return fmt_mean_ci(row["samples_per_s"], row["samples_per_s_ci95"], decimals=1, pm=pm) + " img/s"
+    return fmt_mean_ci(row["tokens_per_s"], row["tokens_per_s_ci95"], decimals=0, pm=pm)
 
 
 def metric_cells(row, unit: tuple[str, float], pm: str, mark) -> list[str]:
@@ -294,7 +310,7 @@ def metric_cells(row, unit: tuple[str, float], pm: str, mark) -> list[str]:
     memory += "".join(mark(MEMORY_SOURCES[s][0]) for s in sources) if memory != "–" else ""
     return [fmt_mean_ci(row["time_per_epoch_s"], row["time_per_epoch_s_ci95"], pm=pm), phase_cell(row), memory,
             fmt_mean_ci(row["final_loss"], row["final_loss_ci95"], decimals=3, pm=pm),
-            fmt_mean_ci(row["tokens_per_s"], row["tokens_per_s_ci95"], decimals=0, pm=pm),
+            throughput_cell(row, pm),
             fmt_mean_ci(100 * row["mfu"], 100 * row["mfu_ci95"], pm=pm)]
 
 
