@@ -207,9 +207,10 @@ def train(spec: dict) -> dict | None:
     val_initial = state["val_loss_initial"]
     if val_initial is None:
         val_initial = evaluate(engine, run.val, ctx, run.eval_samples)
-    if run.vision:
-        run.accuracy["initial"] = state.get("val_accuracy_initial") or vision.accuracy(engine, run.val, ctx,
-                                                                                       run.eval_samples)
+    if run.vision:  # a resumed run keeps the accuracy measured before its first step (0.0 is a real value)
+        initial = state.get("val_accuracy_initial")
+        run.accuracy["initial"] = initial if initial is not None else vision.accuracy(engine, run.val, ctx,
+                                                                                      run.eval_samples)
 
     profiler = StepProfiler(spec, ctx, state["step"], run.total_steps)
     log = StepLog(run, state["rows"], state["step"], profiler.profiled)
