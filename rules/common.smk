@@ -115,40 +115,39 @@ def ops_for(wildcards):
     return expand(f"{W}/ops/{{op}}.json", op=needed_ops(wildcards.strategy, PLATFORM))
 
 
-def run_spec(wildcards):
-    """The run's spec as JSON (workflow_scripts.study.run_spec): a params value, so any change reruns the run."""
-    w = wildcards
-    spec = study.run_spec(
+def spec_of(w, overrides, out_pattern, work_root):
+    """A run's spec (workflow_scripts.study.run_spec) for the run's wildcards, written under out_pattern."""
+    return study.run_spec(
         config,
         w.model,
         w.strategy,
         Layout.from_key(w.layout),
         int(w.repeat),
-        RUNS[(w.model, w.strategy, w.layout)],
-        out_dir=RUN.format(**w),
-        work_dir=f"{W}/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}",
+        overrides,
+        out_dir=out_pattern.format(**w),
+        work_dir=f"{work_root}/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}",
         ops=ops_for(w),
     )
+
+
+def run_spec(wildcards):
+    """The run's spec as JSON (workflow_scripts.study.run_spec): a params value, so any change reruns the run."""
+    w = wildcards
+    spec = spec_of(w, RUNS[(w.model, w.strategy, w.layout)], RUN, W)
     return json.dumps(spec, sort_keys=True)
 
 
 def published_run_spec(wildcards):
     """The as-published run's spec: the fair run's, with the publication's own settings for the strategy."""
     w = wildcards
-    spec = study.run_spec(
-        config,
-        w.model,
-        w.strategy,
-        Layout.from_key(w.layout),
-        int(w.repeat),
+    spec = spec_of(
+        w,
         PUBLISHED_RUNS[(w.model, w.strategy, w.layout)],
-        out_dir=AS_PUBLISHED_RUN.format(**w),
-        work_dir=f"{W}/as_published/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}",
-        ops=ops_for(w),
+        AS_PUBLISHED_RUN,
+        f"{W}/as_published",
     )
-    spec.pop("profile", None), spec.pop(
-        "trace_dir", None
-    )  # traces belong to the fair rows
+    for key in ("profile", "trace_dir"):  # traces belong to the fair rows
+        spec.pop(key, None)
     spec["variant"] = "as_published"
     return json.dumps(spec, sort_keys=True)
 
