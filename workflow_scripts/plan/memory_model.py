@@ -84,17 +84,6 @@ def loss_bytes_per_token(s: Shape, precision: str) -> float:
     return s.vocab * (12 if precision == "fp32" else 14)
 
 
-def weight_cast_bytes(s: Shape, precision: str, checkpointing: bool) -> float:
-    """bf16-mixed: autocast casts each weight to bf16 once per forward (cached for leaves) and the matmul saves the
-    copy for backward: 2 bytes per parameter, only the recomputed layer's and the LM head's under checkpointing."""
-    if precision != "bf16-mixed":
-        return 0.0
-    if not checkpointing:
-        return 2.0 * s.n_params
-    per_layer = (s.n_params - s.vocab * s.d) / s.n_layer
-    return 2.0 * (per_layer + s.vocab * s.d)
-
-
 STATE_BYTES = {"fp32": (4, 4, 8), "bf16-mixed": (4, 4, 8), "bf16-pure": (2, 4, 12)}  # as training.precision
 
 
@@ -141,7 +130,7 @@ def tp_split(s: Shape, precision: str) -> tuple[float, float]:
     """(replicated, sharded) bytes per token and layer under tensor parallelism (parallel/tensor.py: q/k/v and
     gate/up column-parallel, o/down row-parallel, norms and residual replicated, every column-parallel projection
     casting its full input): the sharded part is divided by tp. Qwen2 only (GPT-2 is refused for tp)."""
-    d, f, kv, e = s.d, s.ffn, s.kv, s.head_dim
+    d, f, kv = s.d, s.ffn, s.kv
     sharded = {"bf16-mixed": 4 * d + 4 * kv + 8 * f, "fp32": 8 * d + 8 * kv + 16 * f,
                "bf16-pure": 4 * d + 4 * kv + 8 * f}[precision]
     return activation_bytes_per_token_layer(s, precision) - sharded, sharded
