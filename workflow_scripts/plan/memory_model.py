@@ -34,8 +34,9 @@ class Shape:
     ffn: int  # MLP inner size
     kv: int  # key/value width (kv heads x head dim)
     head_dim: int
-    vocab: int  # embedding rows (padded)
+    vocab: int  # embedding rows (padded); an image classifier's (padded) classes
     tied: bool = True  # LM head = input embedding
+    loss_tokens: int = 1  # tokens per row of logits: 1 for a language model, the image's tokens for a ViT
 
 
 def activation_bytes_per_token_layer(s: Shape, precision: str) -> float:
@@ -65,6 +66,11 @@ def activation_bytes_per_token_layer(s: Shape, precision: str) -> float:
     d, f, kv, e = s.d, s.ffn, s.kv, s.head_dim
     if s.family == "gpt2":
         return {"bf16-mixed": 20 * d + 16 * f, "fp32": 32 * d + 20 * f, "bf16-pure": 16 * d + 10 * f}[precision]
+    if s.family == "vit":  # ViT layer: LayerNorm, separate q/k/v, SDPA, GELU (one op: saves its input)
+        # fp32: LN inputs 2 x 4d, LN outputs 2 x 4d (q/k/v share theirs), q, k, v 12d, SDPA output 4d, fc1 output
+        # and GELU output 8f; bf16-mixed: LN inputs 8d, a bf16 cast per projection input (q, k, v, fc1: 8d),
+        # q, k, v, output 8d, fc1 and GELU outputs 4f; bf16-pure: the fp32 case in 2 bytes
+        return {"bf16-mixed": 24 * d + 4 * f, "fp32": 32 * d + 8 * f, "bf16-pure": 16 * d + 4 * f}[precision]
     if s.family == "qwen2":
         return {"bf16-mixed": 30 * d + 4 * kv + 8 * f + 8 * e,
                 "fp32": 32 * d + 8 * kv + 16 * f + 8 * e,
@@ -81,12 +87,13 @@ def loss_bytes_per_token(s: Shape, precision: str) -> float:
     """The logits chain at the loss's backward peak, per token: logits in the compute dtype, their fp32 copy's
     log-softmax output (saved), its gradient and the gradient of the fp32 logits (4 + 4 + 4 bytes), the bf16 logits
     (2 bytes) alive until the loss returns."""
-    return s.vocab * (12 if precision == "fp32" else 14)
+    return s.vocab * (12 if precision == "fp32" else 14) / s.loss_tokens
 
 
 STATE_BYTES = {"fp32": (4, 4, 8), "bf16-mixed": (4, 4, 8), "bf16-pure": (2, 4, 12)}  # as training.precision
 
 
+FAMILIES = ("gpt2", "qwen2", "vit")  # the families whose saved tensors are counted
 REDUCE_BUCKET = 5e8  # DeepSpeed's default reduce_bucket_size (elements)
 
 
@@ -140,23 +147,27 @@ def predict(*, shape: Shape, family: str, zero_stage: int, precision: str, dp: i
             micro_batch: int, seq_len: int, grad_accum: int, checkpointing: bool, layout: dict | None = None,
             compiled: bool = False, offload_optimizer: bool = False,
             offload_params: bool = False, traced_per_layer: float | None = None,
-            reduce_bucket: float = REDUCE_BUCKET) -> Prediction:
+            reduce_bucket: float = REDUCE_BUCKET, trainable: float | None = None,
+            input_bytes: float = 0.0) -> Prediction:
     """The peak of the fullest rank (Prediction.parts in bytes; total = the predicted max_memory_allocated).
     `dp`: the ranks the data-parallel strategy shards over (dp x cp). `traced_per_layer`: a decoder layer's saved
     bytes per token counted by torch (traced.py), its bf16 weight casts included, in place of the hand count.
+    `trainable`: parameters that train (LoRA: the adapters and the head), default all; only they have gradients,
+    optimizer states and gradient buckets. `input_bytes`: the micro-batch as the model receives it (token ids; for
+    an image row its int64 copy, the pixels, their normalised copy and its cast: 10 bytes per pixel value).
 
     Layouts: tp divides the block parameters and the sharded part of the activations (tp_split); cp divides the
     tokens of every rank (Ulysses: each rank keeps 1/cp of the sequence); pp gives stage s the blocks L/pp, the
     embedding (first stage), the LM head and the loss (last stage), and min(M, pp - s) micro-batches in flight under
     1F1B (torch's warm-up), each with its own activations and weight casts. The fullest stage is the prediction."""
     layout = layout or {}
-    if layout.get("ep", 1) > 1 or shape.family not in ("gpt2", "qwen2"):
-        return Prediction(False, f"expert layouts and the {shape.family} family are not modelled yet"
-                          if shape.family not in ("gpt2", "qwen2") else "expert-parallel layout not modelled yet")
+    if layout.get("ep", 1) > 1 or shape.family not in FAMILIES:
+        return Prediction(False, f"the {shape.family} family is not modelled yet"
+                          if shape.family not in FAMILIES else "expert-parallel layout not modelled yet")
     if compiled:
         return Prediction(False, "compiled blocks / loss: inductor decides what is saved")
     pp, tp, cp = (int(layout.get(k, 1)) for k in ("pp", "tp", "cp"))
-    embed = shape.vocab * shape.d
+    embed = shape.vocab * shape.d if shape.loss_tokens == 1 else 0.0  # a ViT's head is small: in the blocks
     blocks = shape.n_params - embed * (1 if shape.tied else 2)
     replicated, sharded = tp_split(shape, precision) if tp > 1 else (activation_bytes_per_token_layer(shape, precision), 0.0)
     act_layer = replicated + sharded / tp
@@ -164,20 +175,25 @@ def predict(*, shape: Shape, family: str, zero_stage: int, precision: str, dp: i
         act_layer = traced_per_layer * act_layer / (replicated + sharded)
     stages = [stage_parts(shape, family, zero_stage, precision, dp, micro_batch * seq_len / cp, grad_accum,
                           checkpointing, s, pp, tp, embed, blocks, act_layer, offload_optimizer, offload_params,
-                          traced=traced_per_layer is not None, reduce_bucket=reduce_bucket) for s in range(pp)]
+                          traced=traced_per_layer is not None, reduce_bucket=reduce_bucket,
+                          train_frac=(trainable or shape.n_params) / shape.n_params) for s in range(pp)]
+    for stage in stages:
+        stage["input batch"] = input_bytes
     parts = max(stages, key=lambda x: sum(x.values()))
     return Prediction(True, "", parts, "traced" if traced_per_layer is not None else "analytic")
 
 
 def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: int, n: float, accum: int,
                 checkpointing: bool, stage: int, pp: int, tp: int, embed: float, blocks: float, act_layer: float,
-                offload_optimizer: bool, offload_params: bool, traced: bool, reduce_bucket: float) -> dict:
+                offload_optimizer: bool, offload_params: bool, traced: bool, reduce_bucket: float,
+                train_frac: float = 1.0) -> dict:
     """One pipeline stage's parts (the whole model when pp = 1)."""
     first, last = stage == 0, stage == pp - 1
     layers = shape.n_layer / pp
     head = embed if last and not (shape.tied and pp == 1) else 0.0
     p = blocks / pp / tp + (embed if first else 0.0) + head
     param_b, _, opt_b = (b * p for b in STATE_BYTES[precision])
+    opt_b *= train_frac
     in_flight = min(accum, pp - stage) if pp > 1 else 1
     if checkpointing:
         activations = in_flight * n * layers * checkpoint_input_bytes(shape, precision) + n * act_layer
@@ -191,11 +207,12 @@ def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: 
     grads = 0.0
     if accum > 1:  # gradients of earlier micro-batches stay until the optimizer step: unsharded for DDP and for
         # FSDP2, which skips the reduce-scatter (set_requires_gradient_sync(False)) until the last micro-batch
-        grads = 4.0 * p / (dp if family == "deepspeed" and zero_stage >= 2 else 1)
+        grads = 4.0 * p * train_frac / (dp if family == "deepspeed" and zero_stage >= 2 else 1)
     return {
         "parameters": 0.0 if offload_params else param_b / (dp if zero_stage >= 3 else 1),
         "optimizer states": 0.0 if offload_optimizer else opt_b / (dp if zero_stage >= 1 else 1),
-        "engine buffers": engine_bytes(family, zero_stage, p, dp, precision, offload_optimizer, reduce_bucket),
+        "engine buffers": engine_bytes(family, zero_stage, p * train_frac, dp, precision, offload_optimizer,
+                                       reduce_bucket),
         "gradients (accumulating)": grads,
         "weight casts": casts,
         "activations": activations,

@@ -9,12 +9,12 @@ from functools import lru_cache
 from types import SimpleNamespace
 
 from workflow_scripts.plan import memory_model as mm
-from workflow_scripts.training.models import MODELS, build_config
+from workflow_scripts.training.models import MODELS, image_size
 
 METHODS = ("analytic", "traced")
 
 
-def shape(model: str, overrides: dict | None, n_params: int, vocab: int) -> mm.Shape:
+def shape(model: str, overrides: dict | None, n_params: int, vocab: int, loss_tokens: int = 1) -> mm.Shape:
     spec = MODELS[model]
     s = dict(spec.shape, **(overrides or {}))
     d = s.get("n_embd", s.get("hidden_size"))
@@ -22,21 +22,40 @@ def shape(model: str, overrides: dict | None, n_params: int, vocab: int) -> mm.S
     kv_heads = s.get("num_key_value_heads", heads)
     ffn = s.get("n_inner") or s.get("intermediate_size") or 4 * d
     return mm.Shape(spec.family, int(n_params), s.get("n_layer", s.get("num_hidden_layers")), d, ffn,
-                    kv_heads * d // heads, d // heads, int(vocab), bool(s.get("tie_word_embeddings", True)))
+                    kv_heads * d // heads, d // heads, int(vocab), bool(s.get("tie_word_embeddings", True)),
+                    loss_tokens)
+
+
+def tokens_per_sample(model: str, overrides: dict | None, seq_len: int) -> int:
+    """Tokens one sample puts through every layer: the block for a language model; a ViT's patches + 1 for an
+    image row (seq_len = 1 + 3 x size x size, data/images.py)."""
+    if MODELS[model].family != "vit":
+        return seq_len
+    patch = dict(MODELS[model].shape, **(overrides or {}))["patch_size"]
+    return (image_size(seq_len) // patch) ** 2 + 1
+
+
+def sample_bytes(model: str, seq_len: int) -> float:
+    """One sample as the model receives it: int64 token ids; an image row's int64 copy plus, per pixel value, the
+    pixels scaled to [0, 1], normalised and cast for the patch convolution (4 + 4 + 2 bytes: training/vision.py)."""
+    return 8.0 * seq_len + (10.0 * (seq_len - 1) if MODELS[model].family == "vit" else 0.0)
 
 
 @lru_cache(maxsize=64)
-def count_params(model: str, overrides_json: str, vocab: int, seq_len: int) -> int:
-    """Parameters of the model built on the meta device (no memory, seconds)."""
+def count_params(model: str, overrides_json: str, vocab: int, seq_len: int, lora_json: str = "null") -> tuple[int, int]:
+    """(parameters, trainable parameters) of the run's model built on the meta device (no memory, seconds)."""
     import json
 
     import torch
-    from transformers import AutoModelForCausalLM
 
-    config = build_config(model, vocab, seq_len, json.loads(overrides_json))
+    from workflow_scripts.training.models import build_model, count_params as total, count_trainable, with_lora
+
     with torch.device("meta"):
-        m = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+        m = build_model(model, vocab, seq_len, overrides=json.loads(overrides_json))
+        lora = json.loads(lora_json)
+        if lora:
+            m = with_lora(m, lora)
+    return total(m), count_trainable(m)
 
 
 @lru_cache(maxsize=64)
@@ -58,7 +77,8 @@ def offloads(strategy: str, options: dict) -> tuple[bool, bool]:
 def predict(*, model: str, strategy: str, precision: str, world_size: int, micro_batch: int, seq_len: int,
             grad_accum: int, vocab: int, n_params: int | None = None, overrides: dict | None = None,
             layout: dict | None = None, options: dict | None = None, checkpointing: bool = False,
-            compiled: bool = False, method: str = "analytic") -> mm.Prediction:
+            compiled: bool = False, method: str = "analytic", trainable: int | None = None,
+            lora: dict | None = None) -> mm.Prediction:
     """The predicted peak of one rank for these settings (`method`: analytic | traced)."""
     import json
 
@@ -66,21 +86,26 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
 
     layout = layout or {}
     key = json.dumps(overrides or {}, sort_keys=True)
-    if MODELS[model].family not in ("gpt2", "qwen2"):
+    if MODELS[model].family not in mm.FAMILIES:
         return mm.Prediction(False, f"family {MODELS[model].family} not modelled yet")
-    n_params = n_params or count_params(model, key, vocab, seq_len)
-    s = shape(model, overrides, n_params, vocab)
+    if n_params is None:
+        n_params, trainable = count_params(model, key, vocab, seq_len, json.dumps(lora or MODELS[model].lora))
+    tokens = tokens_per_sample(model, overrides, seq_len)
+    if strategy == "zeropp" and precision == "bf16-mixed":  # DeepSpeed refuses torch_autocast with quantized
+        precision = "bf16-pure"  # weights: ZeRO++ runs DeepSpeed bf16 (strategies/_deepspeed.py)
+    s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
     strat = STRATEGIES[strategy]
     dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # the strategy shards over dp x cp
     off_opt, off_par = offloads(strategy, options)
     per_layer = None
     if method == "traced":
-        per_layer = _traced(model, key, precision, micro_batch, seq_len // layout.get("cp", 1))
+        per_layer = _traced(model, key, precision, micro_batch, tokens // layout.get("cp", 1))
     return mm.predict(shape=s, family=strat.family, zero_stage=strat.zero_stage,
-                      precision=precision, dp=dp, micro_batch=micro_batch, seq_len=seq_len, grad_accum=grad_accum,
+                      precision=precision, dp=dp, micro_batch=micro_batch, seq_len=tokens, grad_accum=grad_accum,
                       checkpointing=checkpointing, layout=layout, compiled=compiled, offload_optimizer=off_opt,
                       offload_params=off_par, traced_per_layer=per_layer,
-                      reduce_bucket=float((options or {}).get("reduce_bucket_size", mm.REDUCE_BUCKET)))
+                      reduce_bucket=float((options or {}).get("reduce_bucket_size", mm.REDUCE_BUCKET)),
+                      trainable=trainable, input_bytes=micro_batch * sample_bytes(model, seq_len))
 
 
 def predict_run(spec: dict, summary: dict, method: str = "analytic") -> mm.Prediction:
@@ -92,4 +117,5 @@ def predict_run(spec: dict, summary: dict, method: str = "analytic") -> mm.Predi
                    vocab=int(summary["vocab_size"]), n_params=int(summary["n_params"]),
                    overrides=spec.get("model_overrides"), layout=spec.get("layout"), options=spec.get("options"),
                    checkpointing=bool(t.get("gradient_checkpointing")),
-                   compiled=bool(t.get("compile_blocks") or t.get("compile_loss")), method=method)
+                   compiled=bool(t.get("compile_blocks") or t.get("compile_loss")), method=method,
+                   trainable=summary.get("trainable_params"))

@@ -21,6 +21,10 @@ def _layer(config, family: str):
         from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
         return GPT2Block(config, layer_idx=0), None
+    if family == "vit":
+        from transformers.models.vit.modeling_vit import ViTLayer
+
+        return ViTLayer(config), None
     if family == "qwen2":
         from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 
@@ -36,7 +40,9 @@ def layer_saved_bytes(model: str, precision: str, micro_batch: int, seq_len: int
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     family = MODELS[model].family
-    config = build_config(model, vocab_size=256, block_size=seq_len, overrides=overrides)
+    # a ViT layer does not depend on the image size: any valid image row builds its config; seq_len = tokens
+    row = 1 + 3 * 16 * 16 if family == "vit" else seq_len
+    config = build_config(model, vocab_size=256, block_size=row, overrides=overrides)
     config._attn_implementation = "sdpa"
     dtype = torch.bfloat16 if precision == "bf16-pure" else torch.float32
     saved: dict[int, int] = {}
