@@ -61,8 +61,9 @@ def test_cli_writes_every_figure_as_valid_png_and_pdf(gpu, tmp_path):
         png, pdf = out / f"{name}.png", out / f"{name}.pdf"
         width, height = png_size(png)
         assert width >= 150 and height >= 100, name
-        assert png.stat().st_size > 5_000, name
-        assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5_000, name
+        least = 1_000 if name == "accuracy" else 5_000  # no image classifier here: one axes saying so
+        assert png.stat().st_size > least, name
+        assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > least, name
     assert 0.8 * 2 * 4 * 50 < png_size(out / "throughput.png")[0] < 1.2 * 2 * 4 * 50  # 2 panels x width x dpi
 
 
