@@ -302,7 +302,7 @@ def cuda_profile_run(standin, tmp_path_factory):
 def test_every_job_runs_in_the_platform_image_with_the_profiles_flags(cuda_profile_run):
     wd, image, log, calls = cuda_profile_run
     jobs = [rule for rule in re.findall(r"^localrule (\w+):", log, re.M) if rule != "all"]
-    assert len(jobs) == 8 and len(calls) == len(jobs), (jobs, [c["command"][-1][:60] for c in calls])
+    assert len(jobs) == 9 and len(calls) == len(jobs), (jobs, [c["command"][-1][:60] for c in calls])
     args = profile_args("local-cuda")
     assert args == ["--nv"]
     for call in calls:
@@ -313,7 +313,7 @@ def test_every_job_runs_in_the_platform_image_with_the_profiles_flags(cuda_profi
         assert call["cwd"] == str(wd)
     ran = sorted(re.search(r"python3 -m workflow_scripts\.([\w.]+)", c["command"][2]).group(1) for c in calls)
     assert ran == sorted(["data.corpus", "data.tokenizer", "data.tokenize", "measure.calibrate", "training.launch",
-                          "report.parse", "report.tables", "report.figures"])
+                          "report.calibration", "report.parse", "report.tables", "report.figures"])
 
 
 def test_the_study_completes_inside_the_image(cuda_profile_run):

@@ -117,9 +117,9 @@ def slurm_run(slurm_cluster, tmp_path_factory):  # noqa: F811 - the fixture impo
 def test_every_job_went_through_sbatch(slurm_run, slurm_cluster):  # noqa: F811
     wd, log = slurm_run
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
-    # corpus, tokenizer, tokenize, calibrate, one train per strategy, parse, summary_table, figures (rule all runs
-    # nothing)
-    assert len(submitted) == 7 + len(STRATEGIES), log[-3000:]
+    # corpus, tokenizer, tokenize, calibrate, calibration_figure, one train per strategy, parse, summary_table,
+    # figures (rule all runs nothing)
+    assert len(submitted) == 8 + len(STRATEGIES), log[-3000:]
     assert set(submitted) <= set(slurm_cluster.job_ids())
     ctld_log = slurm_cluster.log("slurmctld")
     for job_id in submitted:
