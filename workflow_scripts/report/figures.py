@@ -55,7 +55,7 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from workflow_scripts.report.stats import t_quantile  # noqa: E402
 from workflow_scripts.columns import FIGURES, STEP_COLUMNS, VRAM_COLUMNS  # noqa: E402
-from workflow_scripts.report.tables import (layout_word, memory_unit, model_order, order_strategies,  # noqa: E402
+from workflow_scripts.report.tables import (is_image_model, layout_word, memory_unit, model_order, order_strategies,  # noqa: E402
                                             read_runs, read_table, strategy_rank, summarise, with_layout)
 DEFAULT_STYLE = {"context": "paper", "palette": "colorblind", "dpi": 150, "width": 4.5, "height": 3.2,
                  "font_scale": 1.0, "include_hidden": False, "step_marker_every": None}
@@ -239,12 +239,6 @@ def throughput_figure(data: Data) -> plt.Figure:
     if len(data.summary) and data.summary["model"].map(is_image_model).all():
         return bar_figure(data, "samples_per_s", "images/s (mean ± 95% CI)")
     return bar_figure(data, "tokens_per_s", "tokens/s (mean ± 95% CI)")
-
-
-def is_image_model(name: str) -> bool:
-    from workflow_scripts.training.models import MODELS
-
-    return name in MODELS and MODELS[name].family == "vit"
 
 
 # ---------------------------------------------------------------- image classifiers: accuracy, LoRA vs full

@@ -287,16 +287,15 @@ def phase_cell(row) -> str:
     return "–" if any(pd.isna(v) for v in values) else " / ".join(fmt_number(1000 * v) for v in values)
 
 
-def images(row) -> bool:
-    """An image classifier's row (its throughput is images/s: its "tokens" are stored pixel values)."""
+def is_image_model(name: str) -> bool:
+    """An image classifier (its throughput is images/s: its "tokens" are stored pixel values)."""
     from workflow_scripts.training.models import MODELS
 
-    spec = MODELS.get(row["model"])
-    return spec is not None and spec.family == "vit"
+    return name in MODELS and MODELS[name].family == "vit"
 
 
 def throughput_cell(row, pm: str) -> str:
-    if images(row):
+    if is_image_model(row["model"]):
         return fmt_mean_ci(row["samples_per_s"], row["samples_per_s_ci95"], decimals=1, pm=pm) + " img/s"
     return fmt_mean_ci(row["tokens_per_s"], row["tokens_per_s_ci95"], decimals=0, pm=pm)
 
