@@ -37,6 +37,15 @@ class Shape:
     vocab: int  # embedding rows (padded); an image classifier's (padded) classes
     tied: bool = True  # LM head = input embedding
     loss_tokens: int = 1  # tokens per row of logits: 1 for a language model, the image's tokens for a ViT
+    experts: int = 0  # MoE: routed experts per layer, top-k per token, an expert's and the shared expert's MLP size
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of the routed experts (gate, up and down per expert, every layer): what ep shards."""
+        return 3.0 * self.n_layer * self.experts * self.d * self.expert_ffn
 
 
 def activation_bytes_per_token_layer(s: Shape, precision: str) -> float:
@@ -62,8 +71,22 @@ def activation_bytes_per_token_layer(s: Shape, precision: str) -> float:
                                                                    ->  30d + 4kv + 8f + 8e
       bf16-pure: per norm the fp32 upcast 4d, normalised 2d, weighted 2d (twice), q and output 4d, k and v 4kv,
         MLP 8f                                                     ->  20d + 4kv + 8f + 4e
+    Qwen2-MoE (Qwen1.5-MoE, transformers' default grouped_mm experts): attention and norms as Qwen2, the MLP
+    replaced by the router, k routed experts and a gated shared expert. Per (token, expert) pair in bf16: the
+    token's row permuted to its expert and the expert's output (2 x 2d), gate/up output, SiLU output and product
+    (4 x 2f_e), three int64 indices; per token the fp32 router softmax (4E), the shared expert's MLP (8f_s, as
+    Qwen2's) and its gated output 2d. bf16-pure:
+        20d + 4kv + 4e + k (4d + 8f_e + 24) + 4E + 8f_s + 2d        (the traced count of a real layer: within 0.1 %)
+      fp32: the bf16-pure count in 4 bytes with the norms' fp32 copies as Qwen2's fp32; bf16-mixed: Qwen2's
+      bf16-mixed attention part with the bf16-pure MoE MLP plus the router's input cast (2d) -- no GPU run checks
+      those two yet.
     """
     d, f, kv, e = s.d, s.ffn, s.kv, s.head_dim
+    if s.family == "qwen2_moe":
+        moe = s.top_k * (4 * d + 8 * s.expert_ffn + 24) + 4 * s.experts + 8 * s.shared_ffn + 2 * d
+        return {"bf16-pure": 20 * d + 4 * kv + 4 * e + moe,
+                "fp32": 32 * d + 8 * kv + 8 * e + 2 * moe,
+                "bf16-mixed": 26 * d + 4 * kv + 8 * e + moe + 2 * d}[precision]
     if s.family == "gpt2":
         return {"bf16-mixed": 20 * d + 16 * f, "fp32": 32 * d + 20 * f, "bf16-pure": 16 * d + 10 * f}[precision]
     if s.family == "vit":  # ViT layer: LayerNorm, separate q/k/v, SDPA, GELU (one op: saves its input)
@@ -93,7 +116,18 @@ def loss_bytes_per_token(s: Shape, precision: str) -> float:
 STATE_BYTES = {"fp32": (4, 4, 8), "bf16-mixed": (4, 4, 8), "bf16-pure": (2, 4, 12)}  # as training.precision
 
 
-FAMILIES = ("gpt2", "qwen2", "vit")  # the families whose saved tensors are counted
+def state_bytes(family: str, precision: str) -> tuple[int, int, int]:
+    """Bytes per parameter of (parameters, gradients, optimizer states) as each engine keeps them. fp32 and
+    bf16-mixed: fp32 parameters and gradients, AdamW's two fp32 moments. bf16-pure: DeepSpeed's bf16 mode keeps
+    bf16 parameters and an fp32 master + moments (12) with fp32 gradient partitions; DDP keeps the bf16 module
+    (bf16 gradients) and an fp32 master + moments; FSDP2's bf16 MixedPrecisionPolicy keeps fp32 sharded parameters
+    (the master itself) with fp32 moments, bf16 only in the unsharded compute copy and its gradients."""
+    if precision != "bf16-pure":
+        return STATE_BYTES[precision]
+    return {"fsdp": (4, 2, 8), "ddp": (2, 2, 12)}.get(family, STATE_BYTES[precision])
+
+
+FAMILIES = ("gpt2", "qwen2", "qwen2_moe", "vit")  # the families whose saved tensors are counted
 REDUCE_BUCKET = 5e8  # DeepSpeed's default reduce_bucket_size (elements)
 
 
@@ -101,7 +135,7 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
                  reduce_bucket: float = REDUCE_BUCKET) -> float:
     """What the strategy's engine holds beyond parameters and optimizer states at the start of backward (bytes);
     `p` = parameters on the rank before data-parallel sharding.
-    - DDP: its gradient buckets, a flat fp32 copy of every gradient; they stay allocated between steps also when
+    - DDP: its gradient buckets, a flat copy of every gradient (in the gradients' dtype); they stay allocated between steps also when
       the gradients are views into them (gradient_as_bucket_view only saves the separate .grad tensors).
     - DeepSpeed with fp32 parameters (fp32, bf16-mixed): the optimizer's fp32 partition is a clone of the fp32
       parameters, 4p/dp more (under bf16-pure that master copy is already in the optimizer states); with the
@@ -111,7 +145,7 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
       Stage 2's gradient partition is not alive at the start of backward (measured: ZeRO-2 peaks as ZeRO-1).
     - FSDP2: nothing beyond the shards at that point (its unsharded block is freed after forward)."""
     if family == "ddp":
-        return 4.0 * p
+        return state_bytes(family, precision)[1] * p
     if family != "deepspeed":
         return 0.0
     fp32_params = precision != "bf16-pure"
@@ -161,14 +195,15 @@ def predict(*, shape: Shape, family: str, zero_stage: int, precision: str, dp: i
     embedding (first stage), the LM head and the loss (last stage), and min(M, pp - s) micro-batches in flight under
     1F1B (torch's warm-up), each with its own activations and weight casts. The fullest stage is the prediction."""
     layout = layout or {}
-    if layout.get("ep", 1) > 1 or shape.family not in FAMILIES:
-        return Prediction(False, f"the {shape.family} family is not modelled yet"
-                          if shape.family not in FAMILIES else "expert-parallel layout not modelled yet")
+    if shape.family not in FAMILIES:
+        return Prediction(False, f"the {shape.family} family is not modelled yet")
     if compiled:
         return Prediction(False, "compiled blocks / loss: inductor decides what is saved")
-    pp, tp, cp = (int(layout.get(k, 1)) for k in ("pp", "tp", "cp"))
+    pp, tp, cp, ep = (int(layout.get(k, 1)) for k in ("pp", "tp", "cp", "ep"))
     embed = shape.vocab * shape.d if shape.loss_tokens == 1 else 0.0  # a ViT's head is small: in the blocks
     blocks = shape.n_params - embed * (1 if shape.tied else 2)
+    if ep > 1 and family != "fsdp":  # ep shards the experts (FSDP2 already shards them over the same ranks)
+        blocks -= shape.expert_params * (1 - 1 / ep)
     replicated, sharded = tp_split(shape, precision) if tp > 1 else (activation_bytes_per_token_layer(shape, precision), 0.0)
     act_layer = replicated + sharded / tp
     if traced_per_layer is not None:  # torch's count, scaled by the same tp split
@@ -192,7 +227,7 @@ def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: 
     layers = shape.n_layer / pp
     head = embed if last and not (shape.tied and pp == 1) else 0.0
     p = blocks / pp / tp + (embed if first else 0.0) + head
-    param_b, _, opt_b = (b * p for b in STATE_BYTES[precision])
+    param_b, grad_b, opt_b = (b * p for b in state_bytes(family, precision))
     opt_b *= train_frac
     in_flight = min(accum, pp - stage) if pp > 1 else 1
     if checkpointing:
@@ -207,7 +242,7 @@ def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: 
     grads = 0.0
     if accum > 1:  # gradients of earlier micro-batches stay until the optimizer step: unsharded for DDP and for
         # FSDP2, which skips the reduce-scatter (set_requires_gradient_sync(False)) until the last micro-batch
-        grads = 4.0 * p * train_frac / (dp if family == "deepspeed" and zero_stage >= 2 else 1)
+        grads = grad_b * train_frac / (dp if family == "deepspeed" and zero_stage >= 2 else 1)
     return {
         "parameters": 0.0 if offload_params else param_b / (dp if zero_stage >= 3 else 1),
         "optimizer states": 0.0 if offload_optimizer else opt_b / (dp if zero_stage >= 1 else 1),

@@ -23,7 +23,8 @@ def shape(model: str, overrides: dict | None, n_params: int, vocab: int, loss_to
     ffn = s.get("n_inner") or s.get("intermediate_size") or 4 * d
     return mm.Shape(spec.family, int(n_params), s.get("n_layer", s.get("num_hidden_layers")), d, ffn,
                     kv_heads * d // heads, d // heads, int(vocab), bool(s.get("tie_word_embeddings", True)),
-                    loss_tokens)
+                    loss_tokens, int(s.get("num_experts", 0) or 0), int(s.get("num_experts_per_tok", 0) or 0),
+                    int(s.get("moe_intermediate_size", 0) or 0), int(s.get("shared_expert_intermediate_size", 0) or 0))
 
 
 def tokens_per_sample(model: str, overrides: dict | None, seq_len: int) -> int:
@@ -95,7 +96,7 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
         precision = "bf16-pure"  # weights: ZeRO++ runs DeepSpeed bf16 (strategies/_deepspeed.py)
     s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
     strat = STRATEGIES[strategy]
-    dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # the strategy shards over dp x cp
+    dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # dp x cp (ep is carved out of them)
     off_opt, off_par = offloads(strategy, options)
     per_layer = None
     if method == "traced":

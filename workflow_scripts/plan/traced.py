@@ -29,6 +29,11 @@ def _layer(config, family: str):
         from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 
         return Qwen2DecoderLayer(config, layer_idx=0), Qwen2RotaryEmbedding(config)
+    if family == "qwen2_moe":
+        from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeDecoderLayer, Qwen2MoeRotaryEmbedding
+
+        config._experts_implementation = "grouped_mm"  # what from_config picks (transformers' default)
+        return Qwen2MoeDecoderLayer(config, layer_idx=0), Qwen2MoeRotaryEmbedding(config)
     raise ValueError(f"no traced layer for family {family!r}")
 
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from workflow_scripts import columns as C
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.measure.clock import PhaseClock
+from workflow_scripts.measure.memory_peak import MemoryPeak
 from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
 from workflow_scripts.training import harness, vision
@@ -216,8 +217,10 @@ def train(spec: dict) -> dict | None:
     log = StepLog(run, state["rows"], state["step"], profiler.profiled)
     publisher = StepPublisher(os.environ.get("PIPELINE_STEP_FILE") if ctx.rank == 0 else None)
     inject_oom = (t.get("fault_injection") or {}).get("oom_at_step")
+    memory_peak = MemoryPeak(ctx, run.out_dir)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
+        memory_peak.start()
     with profiler:
         profiler.annotate(engine)
         for step in range(state["step"], run.total_steps):
@@ -227,6 +230,7 @@ def train(spec: dict) -> dict | None:
             lr = lr_at(step, t, run.total_steps)
             loss, marks = engine.train_step(run.batches.micro_batches(step), lr, log.clock)
             log.add(step, loss, lr, marks)
+            memory_peak.step()
             if profiler.step(step):  # the trace was exported: the next step is timed from its own start
                 log.flush()
                 log.untimed_gap()
