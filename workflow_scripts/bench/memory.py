@@ -4,8 +4,9 @@
 
 For each ok GPU row of every committed result set: the measured peak (torch max_memory_allocated, max over ranks)
 against the analytic and the traced prediction (workflow_scripts/plan), the relative error of each, and why a row
-is not modelled. Rows repeated across sets (the same run in a traces set) are shown once per set. The last lines
-count the rows within 10 %.
+is not modelled; then the device-wide peak the sampler measured (NVML) against the device-wide prediction
+(memory_model.device_peak). Rows repeated across sets (the same run in a traces set) are shown once per set. The
+last lines count the rows within 10 %. With --figure: predicted against measured, both peaks, one point per row.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from workflow_scripts.plan.predict import predict_run
 GIB = 2**30
 
 
-def committed_rows(results: Path) -> list[tuple[str, Path]]:
-    """(set name, run directory) of every ok GPU run under results/."""
+def committed_rows(results: Path) -> list[tuple[str, Path, float]]:
+    """(set name, run directory, sampled device-wide peak) of every ok GPU run under results/."""
     out = []
     for runs_csv in sorted(results.glob("**/tables/runs.csv")):
         tables = runs_csv.parent
@@ -32,13 +33,13 @@ def committed_rows(results: Path) -> list[tuple[str, Path]]:
                 continue
             layout = row["layout"] if isinstance(row.get("layout"), str) else f"ws{row['world_size']}"
             run_dir = tables.parent / "runs" / row["model"] / row["strategy"] / layout / f"r{int(row['repeat'])}"
-            out.append((str(tables.parent.relative_to(results)), run_dir))
+            out.append((str(tables.parent.relative_to(results)), run_dir, row.get("sampler_peak_device_bytes")))
     return out
 
 
 def table(results: Path) -> pd.DataFrame:
     rows = []
-    for name, run_dir in committed_rows(results):
+    for name, run_dir, device in committed_rows(results):
         spec = json.loads((run_dir / C.RUN_SPEC).read_text())
         summary = json.loads((run_dir / C.SUMMARY).read_text())
         measured = summary["peak_allocated_bytes"]
@@ -50,6 +51,11 @@ def table(results: Path) -> pd.DataFrame:
             row[f"{method}_gib"] = p.total / GIB if p.modelled else None
             row[f"{method}_error_pct"] = (p.total / measured - 1) * 100 if p.modelled else None
             row["not_modelled"] = p.why
+            if method == "analytic":
+                row["device_measured_gib"] = device / GIB if device and device == device else None
+                row["device_predicted_gib"] = p.device / GIB if p.modelled else None
+        row["device_error_pct"] = (row["device_predicted_gib"] / row["device_measured_gib"] - 1) * 100 \
+            if row["device_predicted_gib"] and row["device_measured_gib"] else None
         rows.append(row)
     frame = pd.DataFrame(rows)
     return frame.drop_duplicates(subset=["set", "model", "strategy", "layout"]).reset_index(drop=True)
@@ -57,31 +63,61 @@ def table(results: Path) -> pd.DataFrame:
 
 def markdown(frame: pd.DataFrame) -> str:
     lines = ["| set | model | strategy | layout | precision | mb | measured GiB | analytic GiB (err %) | "
-             "traced GiB (err %) |", "|---|---|---|---|---|---|---|---|---|"]
+             "traced GiB (err %) | device-wide measured GiB | device-wide predicted GiB (err %) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in frame.itertuples():
         cells = []
         for m in ("analytic", "traced"):
             value = getattr(r, f"{m}_gib")
             cells.append(r.not_modelled if pd.isna(value) else f"{value:.1f} ({getattr(r, f'{m}_error_pct'):+.1f})")
+        dev = "–" if pd.isna(r.device_measured_gib) else f"{r.device_measured_gib:.1f}"
+        dev_p = "–" if pd.isna(r.device_error_pct) else f"{r.device_predicted_gib:.1f} ({r.device_error_pct:+.1f})"
         lines.append(f"| {r.set} | {r.model} | `{r.strategy}` | {r.layout} | {r.precision} | {r.micro_batch} | "
-                     f"{r.measured_gib:.1f} | {cells[0]} | {cells[1]} |")
+                     f"{r.measured_gib:.1f} | {cells[0]} | {cells[1]} | {dev} | {dev_p} |")
     lines.append("")
-    for m in ("analytic", "traced"):
+    for m in ("analytic", "traced", "device"):
         err = frame[f"{m}_error_pct"].dropna().abs()
         lines.append(f"{m}: {len(err)} of {len(frame)} rows modelled, {int((err <= 10).sum())} within 10 % "
                      f"(median |error| {err.median():.1f} %, max {err.max():.1f} %)")
     return "\n".join(lines) + "\n"
 
 
+def figure(frame: pd.DataFrame, path: Path) -> None:
+    """Predicted against measured, torch-allocated (analytic) and device-wide, with the +-10 % band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    pairs = (("measured_gib", "analytic_gib", "torch-allocated peak (analytic model)"),
+             ("device_measured_gib", "device_predicted_gib", "device-wide peak (NVML)"))
+    for ax, (x, y, title) in zip(axes, pairs):
+        part = frame[[x, y, "set"]].dropna()
+        top = float(max(part[x].max(), part[y].max())) * 1.05
+        ax.fill_between([0, top], [0, top * 0.9], [0, top * 1.1], color="0.9", label="±10 %")
+        ax.plot([0, top], [0, top], color="0.5", linewidth=0.8)
+        for name, g in part.groupby(part["set"].str.split("/").str[0]):
+            ax.scatter(g[x], g[y], s=14, label=name)
+        ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured (GiB)", ylabel="predicted (GiB)", title=title)
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default="results")
     ap.add_argument("--out", help="also write the Markdown table here")
+    ap.add_argument("--figure", help="also draw predicted against measured into this image")
     args = ap.parse_args(argv)
-    text = markdown(table(Path(args.results)))
+    frame = table(Path(args.results))
+    text = markdown(frame)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+    if args.figure:
+        figure(frame, Path(args.figure))
 
 
 if __name__ == "__main__":

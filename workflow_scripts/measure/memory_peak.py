@@ -42,7 +42,7 @@ def replay(trace: list[dict], baseline: float, step_marks: list[int]) -> dict:
     """The peak of a recorded allocator trace and what was alive there. `step_marks[i]` = the number of trace
     events when step i + 1 ended."""
     alive: dict[int, tuple[int, str]] = {}
-    now = peak = baseline
+    before = now = peak = peak_before = baseline  # `before`: what is left of the blocks that predate recording
     peak_at, peak_alive, peak_event = 0, {}, ""
     for i, ev in enumerate(trace):
         action = ev.get("action")
@@ -50,10 +50,14 @@ def replay(trace: list[dict], baseline: float, step_marks: list[int]) -> dict:
             alive[ev["addr"]] = (ev["size"], frame_group(ev.get("frames") or []))
             now += ev["size"]
             if now > peak:
-                peak, peak_at, peak_event = now, i, alive[ev["addr"]][1]
+                peak, peak_at, peak_event, peak_before = now, i, alive[ev["addr"]][1], before
                 peak_alive = dict(alive)
-        elif action == "free_requested" and ev["addr"] in alive:
-            now -= alive.pop(ev["addr"])[0]
+        elif action == "free_requested":
+            if ev["addr"] in alive:
+                now -= alive.pop(ev["addr"])[0]
+            else:  # a block allocated before recording began (e.g. DDP's buckets, rebuilt after step 1)
+                now -= ev["size"]
+                before -= ev["size"]
     groups: dict[str, list[float]] = {}
     for size, group in peak_alive.values():
         g = groups.setdefault(group, [0.0, 0])
@@ -62,7 +66,7 @@ def replay(trace: list[dict], baseline: float, step_marks: list[int]) -> dict:
     ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
     step = next((s + 1 for s, mark in enumerate(step_marks) if peak_at < mark), len(step_marks))
     return {"recorded_peak_bytes": peak, "peak_step": step, "peak_event": peak_event,
-            "alive": [{"group": "before step 1", "bytes": baseline, "blocks": None}]
+            "alive": [{"group": "before step 1", "bytes": peak_before, "blocks": None}]
             + [{"group": k, "bytes": v[0], "blocks": v[1]} for k, v in ranked]}
 
 

@@ -135,8 +135,10 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
                  reduce_bucket: float = REDUCE_BUCKET) -> float:
     """What the strategy's engine holds beyond parameters and optimizer states at the start of backward (bytes);
     `p` = parameters on the rank before data-parallel sharding.
-    - DDP: its gradient buckets, a flat copy of every gradient (in the gradients' dtype); they stay allocated between steps also when
-      the gradients are views into them (gradient_as_bucket_view only saves the separate .grad tensors).
+    - DDP: its gradient buckets, a flat copy of every gradient (in the gradients' dtype); they stay allocated
+      between steps also when the gradients are views into them (gradient_as_bucket_view only saves the separate
+      .grad tensors). DDP rebuilds its buckets after the first step (measured: a transient second copy, at a
+      moment of low memory, so not the peak).
     - DeepSpeed with fp32 parameters (fp32, bf16-mixed): the optimizer's fp32 partition is a clone of the fp32
       parameters, 4p/dp more (under bf16-pure that master copy is already in the optimizer states); with the
       optimizer offloaded it lives on the host. ZeRO-3 adds its flat gradient-partition buffer (gradient dtype;
@@ -155,12 +157,36 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
     return out
 
 
+GIB = 2**30
+CONTEXT_BYTES = 1.8 * GIB  # one process's CUDA context, cuBLAS workspaces and torch's own (torch 2.11, CUDA 13)
+COMMUNICATOR_BYTES = 0.45 * GIB  # one NCCL communicator's buffers on a rank
+ALLOCATOR_SLACK = 0.17  # the caching allocator's reserve beyond its allocated peak
+
+
+def device_peak(allocated: float, family: str, world_size: int, layout: dict | None = None) -> float:
+    """The device-wide peak (what NVML / amdsmi see) from the predicted torch-allocated peak:
+
+        allocated x (1 + slack) + context + communicators x per-communicator buffers
+
+    The constants are read off the committed runs, so this part is a calibration, not a derivation: device-wide
+    minus torch-reserved is 1.77 GiB for a one-GPU torch run on H100 (1.90 on H200), plus 0.3-0.5 GiB for each
+    NCCL communicator (the data-parallel group when there is more than one rank, one per pp / tp / cp / ep
+    dimension, DeepSpeed's own even on one GPU); reserved over allocated is 1.02-1.63 (median 1.17: fragmentation,
+    highest with offload, whose pinned transfers the allocator cannot pack). The slack is what this misses most."""
+    layout = layout or {}
+    dims = sum(int(layout.get(k, 1)) > 1 for k in ("pp", "tp", "cp", "ep"))
+    comms = (world_size > 1) + (family == "deepspeed") + dims
+    return allocated * (1 + ALLOCATOR_SLACK) + CONTEXT_BYTES + comms * COMMUNICATOR_BYTES
+
+
 @dataclass
 class Prediction:
     modelled: bool
     why: str = ""
     parts: dict | None = None
     method: str = "analytic"
+
+    device: float | None = None  # the device-wide peak (device_peak), bytes
 
     @property
     def total(self) -> float | None:
@@ -215,7 +241,9 @@ def predict(*, shape: Shape, family: str, zero_stage: int, precision: str, dp: i
     for stage in stages:
         stage["input batch"] = input_bytes
     parts = max(stages, key=lambda x: sum(x.values()))
-    return Prediction(True, "", parts, "traced" if traced_per_layer is not None else "analytic")
+    world = dp * pp * tp
+    return Prediction(True, "", parts, "traced" if traced_per_layer is not None else "analytic",
+                      device_peak(sum(parts.values()), family, world, layout))
 
 
 def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: int, n: float, accum: int,

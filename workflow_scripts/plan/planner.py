@@ -4,8 +4,9 @@
     python -m workflow_scripts.plan.planner --config-json '<the study config as JSON>' --out-dir results/<s>/plan
 
 For every model x strategy x GPU count x micro-batch of the plan: the predicted peak per GPU (analytic memory
-model, workflow_scripts/plan/memory_model.py), the usable memory (gpu_memory_gib minus headroom_gib for the CUDA
-context and allocator slack), the margin and whether it fits; then per model, strategy and GPU count the largest
+model, workflow_scripts/plan/memory_model.py: torch-allocated, and device-wide with the CUDA context, NCCL buffers
+and allocator slack), the usable memory (gpu_memory_gib minus headroom_gib, a margin for the prediction's error),
+the margin of the device-wide peak and whether it fits; then per model, strategy and GPU count the largest
 micro-batch that fits. Writes plan.csv and plan.md. Needs no data: the embedding rows come from plan.vocab, else
 train.embedding_rows, else the trained BPE's tokenizer.vocab_size (a hub tokenizer's size is only known after
 download: set plan.vocab).
@@ -72,12 +73,13 @@ def rows(config: dict) -> pd.DataFrame:
                                 options=config["strategy_options"].get(strategy, {}),
                                 checkpointing=bool(train["gradient_checkpointing"]),
                                 compiled=bool(train["compile_blocks"] or train["compile_loss"]))
-                    total = p.total if p.modelled else None
+                    total, device = (p.total, p.device) if p.modelled else (None, None)
                     out.append({"model": model, "strategy": strategy, "gpus": n, "micro_batch": mb,
                                 "predicted_gib": None if total is None else total / GIB,
+                                "predicted_device_gib": None if device is None else device / GIB,
                                 "usable_gib": usable / GIB,
-                                "margin_gib": None if total is None else (usable - total) / GIB,
-                                "fits": None if total is None else bool(total <= usable),
+                                "margin_gib": None if device is None else (usable - device) / GIB,
+                                "fits": None if device is None else bool(device <= usable),
                                 "method": p.method if p.modelled else "", "note": p.why})
     return pd.DataFrame(out)
 
@@ -90,9 +92,9 @@ def largest_fitting(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def markdown(frame: pd.DataFrame, plan: dict) -> str:
-    lines = [f"Plan: {plan['gpu_memory_gib']} GiB per GPU, {plan['headroom_gib']} GiB kept free (CUDA context, "
-             "allocator slack); predicted peak torch-allocated memory per GPU (analytic memory model); "
-             "✓ fits, ✗ does not.", ""]
+    lines = [f"Plan: {plan['gpu_memory_gib']} GiB per GPU, {plan['headroom_gib']} GiB kept free (the prediction's "
+             "error); predicted device-wide peak per GPU (analytic memory model: torch-allocated peak, allocator "
+             "slack, CUDA context, NCCL buffers); ✓ fits, ✗ does not.", ""]
     mbs = list(plan["micro_batches"])
     best = largest_fitting(frame).set_index(["model", "strategy", "gpus"])["largest_micro_batch"]
     for model, part in frame.groupby("model", sort=False):
@@ -104,7 +106,7 @@ def markdown(frame: pd.DataFrame, plan: dict) -> str:
             for m in mbs:
                 r = by_mb.loc[m]
                 text.append(r["note"] if pd.isna(r["predicted_gib"]) else
-                            f"{r['predicted_gib']:.1f} {'✓' if r['fits'] else '✗'}")
+                            f"{r['predicted_device_gib']:.1f} {'✓' if r['fits'] else '✗'}")
             largest = best.loc[(model, strategy, n)]
             lines.append(f"| `{strategy}` | {n} | " + " | ".join(text) + " | "
                          + ("none" if pd.isna(largest) else str(int(largest))) + " |")

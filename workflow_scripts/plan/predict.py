@@ -99,6 +99,8 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
     dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # dp x cp (ep is carved out of them)
     off_opt, off_par = offloads(strategy, options)
     per_layer = None
+    if method == "traced" and MODELS[model].family == "qwen2_moe" and precision == "fp32":
+        return mm.Prediction(False, "traced: transformers' grouped_mm experts take bf16 only")
     if method == "traced":
         per_layer = _traced(model, key, precision, micro_batch, tokens // layout.get("cp", 1))
     return mm.predict(shape=s, family=strat.family, zero_stage=strat.zero_stage,

@@ -363,13 +363,15 @@ CPU_MEMORIES = [("peak_host_rss_bytes", "peak host RSS (sum over ranks)"),
                 ("sampler_peak_host_bytes", "sampler host peak (training process tree RSS)")]
 PREDICTED_LABEL = "predicted model states (ZeRO formula)"
 PREDICTED_PEAK_LABEL = "predicted whole peak, torch allocated (analytic memory model)"
+PREDICTED_DEVICE_LABEL = "predicted device-wide peak (+ allocator slack, context, NCCL)"
 
 
 def memory_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict) -> None:
     """Grouped bars of the memories per strategy and a black tick at the predicted model-state memory."""
     on_cpu = len(rows) > 0 and (rows["platform"].str.lower() == "cpu").all()
     series = CPU_MEMORIES if on_cpu else GPU_MEMORIES
-    values = [rows[c] for c, _ in series] + [rows["predicted_model_state_bytes"], rows["predicted_peak_bytes"]]
+    values = [rows[c] for c, _ in series] + [rows[c] for c in ("predicted_model_state_bytes", "predicted_peak_bytes",
+                                                                 "predicted_device_peak_bytes") if c in rows]
     unit, div = memory_unit(float(np.nanmax(pd.concat(values).to_numpy(float), initial=0.0)) or math.nan)
     width = 0.8 / len(series)
     for x, row in enumerate(rows.itertuples()):
@@ -389,6 +391,10 @@ def memory_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
             y = row.predicted_peak_bytes / div
             handles.setdefault(PREDICTED_PEAK_LABEL, ax.hlines(y, x - 0.45, x + 0.45, colors="black",
                                                                linewidth=1.4, linestyles="dashed"))
+        if pd.notna(getattr(row, "predicted_device_peak_bytes", None)):
+            y = row.predicted_device_peak_bytes / div
+            handles.setdefault(PREDICTED_DEVICE_LABEL, ax.hlines(y, x - 0.45, x + 0.45, colors="dimgray",
+                                                                 linewidth=1.4, linestyles="dotted"))
     strategy_ticks(ax, list(rows["strategy"]))
     ax.set_ylim(bottom=0)
     ax.set_ylabel(f"peak host memory ({unit})" if on_cpu else f"peak memory per GPU ({unit})")

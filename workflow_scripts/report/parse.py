@@ -50,13 +50,16 @@ def run_row(run_dir: Path, tables_dir: Path) -> dict:
 
 
 def predicted_peak(summary: dict, run_dir: Path) -> dict:
-    """The analytic whole-peak prediction of an ok run (workflow_scripts/plan), or why there is none."""
+    """The analytic whole-peak prediction of an ok run (workflow_scripts/plan): torch-allocated and device-wide,
+    or why there is none."""
     if summary.get("status") != "ok" or summary.get("platform") == "cpu":
-        return {"predicted_peak_bytes": None, "predicted_peak_note": "no GPU peak to predict"}
+        return {"predicted_peak_bytes": None, "predicted_device_peak_bytes": None,
+                "predicted_peak_note": "no GPU peak to predict"}
     from workflow_scripts.plan.predict import predict_run
 
     p = predict_run(json.loads((run_dir / C.RUN_SPEC).read_text()), summary, "analytic")
-    return {"predicted_peak_bytes": p.total, "predicted_peak_note": p.method if p.modelled else p.why}
+    return {"predicted_peak_bytes": p.total, "predicted_device_peak_bytes": p.device,
+            "predicted_peak_note": p.method if p.modelled else p.why}
 
 
 def machine_columns(m: dict) -> dict:

@@ -39,7 +39,8 @@ RUN_COLUMNS = [
     "samples_per_s", "flops_per_token", "peak_tflops", "mfu", "peak_allocated_bytes", "peak_reserved_bytes",
     "peak_host_rss_bytes", "initial_loss", "final_loss", "val_loss_initial", "val_loss_final", "val_ppl_final",
     "predicted_model_state_bytes", "predicted_host_state_bytes", "sampler_status", "sampler_peak_device_bytes",
-    "sampler_peak_host_bytes", "predicted_peak_bytes", "predicted_peak_note", "val_accuracy_initial",
+    "sampler_peak_host_bytes", "predicted_peak_bytes", "predicted_device_peak_bytes", "predicted_peak_note",
+    "val_accuracy_initial",
     "val_accuracy_final", "trainable_params", "provenance", "settings",
 ]
 RUN_TEXT = {"run_id", "study", "model", "strategy", "family", "layout", "platform", "device_name", "precision",
@@ -57,7 +58,8 @@ STATUS_WORD = {"oom": "OOM", "unsupported": "unsupported", "failed": "failed"}
 METRICS = ["time_per_epoch_s", "train_time_s", "tokens_per_s", "samples_per_s", "mfu", "final_loss",
            "initial_loss", "val_loss_final", "step_time_median_s", "peak_memory_bytes", "peak_allocated_bytes",
            "peak_reserved_bytes", "sampler_peak_device_bytes", "peak_host_rss_bytes", "sampler_peak_host_bytes",
-           "predicted_model_state_bytes", "predicted_host_state_bytes", "predicted_peak_bytes", "val_accuracy_initial",
+           "predicted_model_state_bytes", "predicted_host_state_bytes", "predicted_peak_bytes",
+           "predicted_device_peak_bytes", "val_accuracy_initial",
            "val_accuracy_final", "trainable_params", "forward_median_s", "backward_median_s",
            "optimizer_median_s"]
 # configuration: taken from the group's first successful run (the same for every repeat)

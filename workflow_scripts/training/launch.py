@@ -154,7 +154,7 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
 
 def predicted_oom(spec: dict, ctx) -> str | None:
     """With config plan.refuse_oom (spec memory_guard): why the run is not started, if the analytic memory model
-    predicts a peak above the usable GPU memory; None when it fits or is not modelled."""
+    predicts a device-wide peak above the usable GPU memory; None when it fits or is not modelled."""
     guard = spec.get("memory_guard")
     if not guard:
         return None
@@ -169,11 +169,11 @@ def predicted_oom(spec: dict, ctx) -> str | None:
                 layout=spec.get("layout"), options=spec.get("options"),
                 checkpointing=bool(t.get("gradient_checkpointing")),
                 compiled=bool(t.get("compile_blocks") or t.get("compile_loss")))
-    if not p.modelled or p.total <= guard["usable_bytes"]:
+    if not p.modelled or p.device <= guard["usable_bytes"]:
         return None
-    return (f"not started: predicted peak {p.total / 2**30:.1f} GiB per GPU > {guard['usable_bytes'] / 2**30:.1f} "
-            f"GiB usable ({guard['gpu_memory_gib']} GiB minus {guard['headroom_gib']} GiB headroom; analytic memory "
-            "model, config plan.refuse_oom)")
+    return (f"not started: predicted device-wide peak {p.device / 2**30:.1f} GiB per GPU (torch-allocated "
+            f"{p.total / 2**30:.1f}) > {guard['usable_bytes'] / 2**30:.1f} GiB usable ({guard['gpu_memory_gib']} GiB "
+            f"minus {guard['headroom_gib']} GiB headroom; analytic memory model, config plan.refuse_oom)")
 
 
 def write_not_started(spec: dict, ctx, status: str, reason: str, started: float) -> None:

@@ -1,0 +1,33 @@
+"""The peak diagnostic (measure/memory_peak.py): replaying an allocator trace finds the peak, the step it fell in
+and what was alive there, counting frees of blocks allocated before recording began."""
+from __future__ import annotations
+
+from workflow_scripts.measure.memory_peak import frame_group, replay
+
+
+def frames(path: str, name: str) -> list[dict]:
+    return [{"filename": f"/venv/lib/python3.11/site-packages/{path}", "name": name, "line": 1}]
+
+
+def test_replay_finds_the_peak_and_whats_alive_there():
+    trace = [
+        {"action": "free_requested", "addr": 99, "size": 40},  # a block from before recording (e.g. DDP buckets)
+        {"action": "alloc", "addr": 1, "size": 100, "frames": frames("torch/optim/adamw.py", "_init_group")},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": frames("transformers/activations.py", "forward")},
+        {"action": "free_requested", "addr": 2, "size": 50},
+        {"action": "alloc", "addr": 3, "size": 70, "frames": frames("workflow_scripts/training/loop.py", "train")},
+        {"action": "free_requested", "addr": 1, "size": 100},
+    ]
+    out = replay(trace, baseline=60, step_marks=[3, 6])
+    assert out["recorded_peak_bytes"] == 60 - 40 + 100 + 70  # the early free is subtracted
+    assert out["peak_step"] == 2 and out["peak_event"] == "workflow_scripts/training/loop.py:train"
+    alive = {a["group"]: a["bytes"] for a in out["alive"]}
+    assert alive == {"before step 1": 20, "torch/optim/adamw.py:_init_group": 100,
+                     "workflow_scripts/training/loop.py:train": 70}
+
+
+def test_frames_are_grouped_by_the_innermost_code_we_can_name():
+    stack = [{"filename": "/usr/lib/python3.11/contextlib.py", "name": "__exit__"}]
+    stack += frames("torch/optim/adam.py", "step")
+    assert frame_group(stack) == "torch/optim/adam.py:step"
+    assert frame_group([]) == "(no Python frame)"
