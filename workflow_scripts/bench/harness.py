@@ -4,9 +4,11 @@ studies/bench_harness.yaml`; rules bench_levers and bench_compare are its two pa
 1. the lever ladder: one strategy (`bench.lever_strategy`, DDP by default) under each named set of harness
    settings in `bench.levers` (micro-batch, vocabulary padding, compiled blocks, compiled loss, ...), so each lever's
    gain is measured on its own;
-2. ours vs Hugging Face `Trainer`: for every strategy in `bench.strategies`, our trainer with `bench.harness`
-   and the Trainer (workflow_scripts.bench.trainer) with the same model, data, strategy settings, precision and
-   effective batch, interleaved (ours then Trainer, Trainer then ours in the next round) in the same job.
+2. ours vs Hugging Face `Trainer` at its best: for every strategy in `bench.strategies`, our trainer with
+   `bench.harness` and the Trainer (workflow_scripts.bench.trainer) in every setting of `bench.trainer_settings`
+   (eager, `torch_compile=True`, Liger kernels) with the same model, data, strategy settings, precision and
+   effective batch, interleaved (the order rotates every round) in the same job; the table compares ours with the
+   fastest Trainer setting, mean ± 95 % CI over `bench.rounds`.
 
 Our runs go through workflow_scripts.training.launch, i.e. the pipeline's own trainer, sampler and metrics. Precision: the
 Trainer's `bf16=True` means autocast for DDP, DeepSpeed's bf16 mode and FSDP2's bf16 MixedPrecisionPolicy, so
@@ -91,7 +93,7 @@ def run_trainer(spec: dict, attempts: int = 2) -> dict:
     for attempt in range(1, attempts + 1):
         code, tail = _run_logged(cmd, path.parent / f"trainer.attempt{attempt}.log", env=environment(spec))
         result = _outcome(code, tail, Path(spec["out_dir"]) / "trainer_summary.json", "trainer")
-        if result.get("status") == "ok":
+        if result.get("status") in ("ok", "unavailable"):
             break
         print(f"trainer attempt {attempt} failed: {result['reason']}", flush=True)
     return {**result, "attempts": attempt}
@@ -122,38 +124,63 @@ def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def comparison_row(strategy: str, r: int, precision: str, runner: str, s: dict) -> dict:
+    return {"strategy": strategy, "repeat": r, "precision": precision, "runner": runner,
+            "status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"), "mfu": s.get("mfu"),
+            "peak_allocated_gib": _gib(s.get("peak_allocated_bytes")), "final_loss": s.get("final_loss"),
+            "effective_batch": s.get("effective_batch"), "attempts": s.get("attempts"), "reason": s.get("reason")}
+
+
 def run_comparison(config: dict, out: Path, save=lambda df: None) -> pd.DataFrame:
+    """Per round and strategy: ours, then the Trainer in every setting of bench.trainer_settings (eager,
+    torch_compile, Liger), the order rotated every round so that no runner always goes first. One row per run."""
     b, rows = config["bench"], []
     for r in range(b["rounds"]):
         for strategy in b["strategies"]:
             precision = matching_precision(strategy, config["train"]["precision"])
-            ours = spec_for(config, strategy, {**b["harness"], "precision": precision}, out,
-                            f"ours/{strategy}/r{r}", r)
-            theirs = spec_for(config, strategy, {"precision": precision}, out, f"trainer/{strategy}/r{r}", r)
-            order = [("ours", ours), ("trainer", theirs)]
-            if r % 2:
-                order.reverse()  # interleaved: neither side always runs first
-            results = {}
-            for side, spec in order:
-                print(f"{side}: {strategy} (round {r})", flush=True)
-                results[side] = run_ours(spec) if side == "ours" else run_trainer(spec)
-            o, t = results["ours"], results["trainer"]
-            rows.append({
-                "strategy": strategy, "repeat": r, "precision": precision,
-                "ours_status": o.get("status"), "trainer_status": t.get("status"),
-                "ours_tokens_per_s": o.get("tokens_per_s"), "trainer_tokens_per_s": t.get("tokens_per_s"),
-                "ours_mfu": o.get("mfu"), "trainer_mfu": t.get("mfu"),
-                "ours_peak_allocated_gib": _gib(o.get("peak_allocated_bytes")),
-                "trainer_peak_allocated_gib": _gib(t.get("peak_allocated_bytes")),
-                "ours_final_loss": o.get("final_loss"), "trainer_final_loss": t.get("final_loss"),
-                "effective_batch": o.get("effective_batch", t.get("effective_batch")),
-                "trainer_attempts": t.get("attempts"), "ours_reason": o.get("reason"),
-                "trainer_reason": t.get("reason"),
-            })
-    df = pd.DataFrame(rows)
-    if not df.empty:
-        df.insert(df.columns.get_loc("trainer_tokens_per_s") + 1, "ratio", df["ours_tokens_per_s"] / df["trainer_tokens_per_s"])
-    return df
+            runs = [("ours", spec_for(config, strategy, {**b["harness"], "precision": precision}, out,
+                                      f"ours/{strategy}/r{r}", r))]
+            for setting in b["trainer_settings"]:
+                spec = spec_for(config, strategy, {"precision": precision}, out,
+                                f"trainer-{setting}/{strategy}/r{r}", r)
+                runs.append((f"trainer:{setting}", {**spec, "trainer_setting": setting}))
+            shift = r % len(runs)
+            for runner, spec in runs[shift:] + runs[:shift]:  # interleaved
+                print(f"{runner}: {strategy} (round {r})", flush=True)
+                result = run_ours(spec) if runner == "ours" else run_trainer(spec)
+                rows.append(comparison_row(strategy, r, precision, runner, result))
+                save(pd.DataFrame(rows))
+    return pd.DataFrame(rows)
+
+
+def compare_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per strategy: ours and every Trainer setting as mean ± 95 % CI of tokens/s over the rounds, the Trainer's
+    best setting (highest mean among the settings that ran), the ratio of ours to it and whether the two CIs
+    overlap (None with fewer than two rounds)."""
+    from workflow_scripts.report.stats import ci_overlap, mean_ci
+
+    out = []
+    for strategy, part in df.groupby("strategy", sort=False):
+        ok = part[part["status"] == "ok"]
+        cis = {runner: mean_ci(g["tokens_per_s"]) for runner, g in ok.groupby("runner", sort=False)}
+        row = {"strategy": strategy, "rounds": int(part["repeat"].nunique()), "precision": part["precision"].iloc[0]}
+        for runner in part["runner"].unique():
+            ci = cis.get(runner)
+            row[f"{runner} tokens/s"] = None if ci is None else ci.mean
+            row[f"{runner} ±95%"] = None if ci is None else ci.half_width
+            if ci is None:
+                row[f"{runner} reason"] = str(part.loc[part["runner"] == runner, "reason"].iloc[0])
+        trainers = {k: v for k, v in cis.items() if k.startswith("trainer:")}
+        best = max(trainers, key=lambda k: trainers[k].mean) if trainers else None
+        row["trainer best"] = best
+        if best and "ours" in cis:
+            row["ratio to best"] = cis["ours"].mean / trainers[best].mean
+            row["CIs overlap"] = ci_overlap(cis["ours"], trainers[best])
+        mfu = ok.groupby("runner")["mfu"].mean()
+        row["ours MFU"] = mfu.get("ours")
+        row["trainer best MFU"] = mfu.get(best) if best else None
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -182,12 +209,12 @@ def main(argv=None):
     config = json.loads(a.config_json)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    name, by, part = {"levers": ("levers", "lever", run_levers),
-                      "compare": ("harness_vs_trainer", "strategy", run_comparison)}[a.part]
+    name, part, table = {"levers": ("levers", run_levers, lambda df: summarise(df, "lever")),
+                         "compare": ("harness_vs_trainer", run_comparison, compare_summary)}[a.part]
 
     def save(df: pd.DataFrame) -> None:  # after every row: a job cut short keeps what it measured
         df.to_csv(out / f"{name}_rounds.csv", index=False)
-        write(summarise(df, by), out / name)
+        write(table(df), out / name)
 
     save(part(config, out, save))
     print((out / f"{name}.md").read_text(), flush=True)

@@ -13,7 +13,11 @@ warm-up, cosine), AdamW hyper-parameters, gradient clipping, sequence length, st
   ddp              -> torchrun's DDP, as the Trainer does by itself.
 Precision: `bf16=True` for the bf16 policies, which is autocast for DDP, DeepSpeed's bf16 mode and FSDP2's
 bf16 MixedPrecisionPolicy (what Trainer/accelerate choose); workflow_scripts.bench.harness gives our runs the
-matching policy per family. The Trainer runs as its users run it (no torch.compile, its own loss).
+matching policy per family. The Trainer runs in the setting the spec's `trainer_setting` names, each as its users
+turn it on: eager (its defaults), compile (`torch_compile=True`), liger (`use_liger_kernel=True`: Liger's fused
+kernels, RMSNorm, RoPE, SwiGLU and the fused linear cross-entropy, patched into the model by transformers); a
+setting that cannot run here (liger-kernel not installed, or no Liger patch for the model type) writes a summary
+with status `unavailable` and the reason.
 
 Throughput: wall time between the end of optimizer step `timing_warmup_steps` and the end of the last step, with a
 device synchronisation at both ends only. Rank 0 writes `trainer_summary.json` into the spec's out_dir.
@@ -103,6 +107,35 @@ def training_arguments(spec: dict, ctx, total_steps: int, extra: dict) -> Traini
         **extra)
 
 
+SETTINGS = ("eager", "compile", "liger")
+
+
+def setting_arguments(setting: str, model) -> tuple[dict, str | None]:
+    """TrainingArguments keys of a Trainer setting, or why it cannot run here."""
+    if setting == "eager":
+        return {}, None
+    if setting == "compile":
+        return {"torch_compile": True}, None
+    if setting != "liger":
+        raise ValueError(f"bench.trainer_settings: unknown setting {setting!r} (one of {', '.join(SETTINGS)})")
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError as exc:
+        return {}, f"liger-kernel is not installed ({exc})"
+    if model.config.model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return {}, f"liger-kernel has no patch for model type {model.config.model_type!r}"
+    return {"use_liger_kernel": True}, None
+
+
+def unavailable(spec: dict, setting: str, reason: str) -> dict:
+    summary = {"status": "unavailable", "runner": "hf_trainer", "trainer_setting": setting, "reason": reason,
+               "run_id": spec["run_id"], "model": spec["model"], "strategy": spec["strategy"]}
+    out_dir = Path(spec["out_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "trainer_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def run(spec: dict) -> dict | None:
     t = spec["train"]
     rank, local_rank, world, local_world, device = process_env(spec["platform"])
@@ -120,7 +153,12 @@ def run(spec: dict) -> dict | None:
     warmup = t["timing_warmup_steps"]
     if total_steps <= warmup:
         raise ValueError(f"bench.trainer: {total_steps} steps leave none after {warmup} timing warm-up steps")
+    setting = spec.get("trainer_setting", "eager")
     extra, recorded = strategy_arguments(spec, ctx, model)
+    setting_extra, why_not = setting_arguments(setting, model)
+    if why_not:
+        return unavailable(spec, setting, why_not) if rank == 0 else None
+    extra = {**extra, **setting_extra}
     out_dir = Path(spec["out_dir"])
     args = training_arguments(spec, ctx, total_steps, extra)
     timer = StepTimer(warmup, cuda)
@@ -142,7 +180,8 @@ def run(spec: dict) -> dict | None:
     device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
     fpt = model_flops_per_token(spec["model"], n_params, seq_len)
     summary = {
-        "status": "ok", "runner": "hf_trainer", "run_id": spec["run_id"], "model": spec["model"],
+        "status": "ok", "runner": "hf_trainer", "trainer_setting": setting, "run_id": spec["run_id"],
+        "model": spec["model"],
         "strategy": spec["strategy"], "world_size": world, "precision": spec["precision"],
         "trainer_bf16": args.bf16, "device_name": device_name, "n_params": n_params, "seq_len": seq_len,
         "micro_batch": ctx.micro_batch, "grad_accum": ctx.accum, "effective_batch": ctx.effective_batch,
@@ -152,7 +191,7 @@ def run(spec: dict) -> dict | None:
         "peak_allocated_bytes": peak[0].item() if cuda else None,
         "peak_reserved_bytes": peak[1].item() if cuda else None,
         "final_loss": losses[-1] if losses else None, "losses": losses,
-        "settings": {**recorded, "trainer_fsdp_active": trainer.is_fsdp_enabled},
+        "settings": {**recorded, **setting_extra, "trainer_fsdp_active": trainer.is_fsdp_enabled},
         "transformers_version": TRANSFORMERS_VERSION,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
