@@ -163,9 +163,11 @@ def compare_summary(df: pd.DataFrame) -> pd.DataFrame:
     for strategy, part in df.groupby("strategy", sort=False):
         ok = part[part["status"] == "ok"]
         cis = {runner: mean_ci(g["tokens_per_s"]) for runner, g in ok.groupby("runner", sort=False)}
-        row = {"strategy": strategy, "rounds": int(part["repeat"].nunique()), "precision": part["precision"].iloc[0]}
+        row = {"strategy": strategy, "rounds": int((part["runner"] == "ours").sum()),
+               "precision": part["precision"].iloc[0]}
         for runner in part["runner"].unique():
             ci = cis.get(runner)
+            row[f"{runner} n"] = 0 if ci is None else ci.n
             row[f"{runner} tokens/s"] = None if ci is None else ci.mean
             row[f"{runner} ±95%"] = None if ci is None else ci.half_width
             if ci is None:
@@ -194,6 +196,17 @@ def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
     return out
 
 
+def merge_rounds(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Rounds files of several commands as one: each file's rounds renumbered after the previous file's, and the
+    file's position recorded (column `command`)."""
+    out, offset = [], 0
+    for i, df in enumerate(frames):
+        df = df.assign(command=i, repeat=df["repeat"] + offset)
+        offset = int(df["repeat"].max()) + 1
+        out.append(df)
+    return pd.concat(out, ignore_index=True)
+
+
 def write(df: pd.DataFrame, path: Path) -> None:
     df.to_csv(path.with_suffix(".csv"), index=False)
     path.with_suffix(".md").write_text(df.to_markdown(index=False, floatfmt=".4g") + "\n")
@@ -201,11 +214,20 @@ def write(df: pd.DataFrame, path: Path) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config-json", required=True, help="the study config (with its bench section) as JSON")
+    ap.add_argument("--config-json", help="the study config (with its bench section) as JSON")
     ap.add_argument("--part", choices=["levers", "compare"], required=True,
                     help="levers: the lever ladder; compare: ours vs the Trainer")
     ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--merge", nargs="+", metavar="ROUNDS_CSV",
+                    help="compare only: no runs; the table of these rounds files together (commands that each ran "
+                         "some rounds of the same settings on the same machine), their rounds numbered in order")
     a = ap.parse_args(argv)
+    if a.merge:
+        merged = merge_rounds([pd.read_csv(p) for p in a.merge])
+        merged.to_csv(Path(a.out_dir) / "harness_vs_trainer_rounds.csv", index=False)
+        write(compare_summary(merged), Path(a.out_dir) / "harness_vs_trainer")
+        print((Path(a.out_dir) / "harness_vs_trainer.md").read_text(), flush=True)
+        return
     config = json.loads(a.config_json)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
