@@ -228,6 +228,8 @@ def main(argv=None):
         write(compare_summary(merged), Path(a.out_dir) / "harness_vs_trainer")
         print((Path(a.out_dir) / "harness_vs_trainer.md").read_text(), flush=True)
         return
+    if not a.config_json:
+        ap.error("--config-json is needed unless --merge is given")
     config = json.loads(a.config_json)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
