@@ -13,10 +13,11 @@
 
 The peak is taken at the start of backward (all activations alive, the loss chain at its largest), which is where
 the committed GPU runs peak for the strategies that keep their states on the GPU. Per rank, in bytes; N = tokens of
-one micro-batch on the rank. Covered: GPT-2 and dense Qwen2, fp32 / bf16-mixed / bf16-pure, gradient checkpointing,
-the data-parallel strategies (DDP and variants, ZeRO-0..3 and offloads, FSDP2) at any data-parallel size, and the
-pipeline, tensor and context dimensions (predict). Not covered (the prediction says why): expert layouts and MoE
-models, compiled blocks or loss (inductor decides what is saved).
+one micro-batch on the rank. Covered: GPT-2, dense Qwen2, Qwen2-MoE and ViT, fp32 / bf16-mixed / bf16-pure, gradient
+checkpointing, LoRA, the data-parallel strategies (DDP and variants, ZeRO-0..3 and offloads, ZeRO++, FSDP2) at any
+data-parallel size, and the pipeline, tensor, context and expert dimensions (predict); the device-wide peak from the
+allocated one (device_peak). Not covered (the prediction says why): compiled blocks or loss (inductor decides what is
+saved).
 """
 from __future__ import annotations
 
