@@ -134,9 +134,15 @@ def overlay(wd: Path, name: str, **cfg) -> list[str]:
     return ["--configfile", "config.yaml", path.name]
 
 
+LOSS_BOUND = 1e-4
+
+
 def assert_default_study_losses(runs, steps) -> None:
     """Every strategy's per-step and validation losses equal those recorded for the default study
-    (tests/expected/default_study_losses.json), bit for bit; runs is indexed by strategy."""
+    (tests/expected/default_study_losses.json); runs is indexed by strategy. Bit for bit on the machine that
+    recorded them; another CPU model takes other float32 kernel paths (seen: 5e-7 on every strategy, 6e-6 with
+    bf16-compressed communication, the recorded commit itself included), so the bound is 1e-4 -- far below what any
+    change to the training would move (1e-3 and up)."""
     expected = json.loads((REPO / "tests/expected/default_study_losses.json").read_text())["runs"]
     assert sorted(expected) == sorted(runs.index)
     for name, want in expected.items():
@@ -144,6 +150,6 @@ def assert_default_study_losses(runs, steps) -> None:
         if want["status"] != "ok":
             continue
         got = steps[steps.strategy == name].sort_values("step").loss.tolist()
-        assert got == want["loss"], name
-        assert runs.loc[name, "val_loss_initial"] == want["val_loss_initial"], name
-        assert runs.loc[name, "val_loss_final"] == want["val_loss_final"], name
+        assert got == pytest.approx(want["loss"], rel=0, abs=LOSS_BOUND), name
+        assert runs.loc[name, "val_loss_initial"] == pytest.approx(want["val_loss_initial"], rel=0, abs=LOSS_BOUND)
+        assert runs.loc[name, "val_loss_final"] == pytest.approx(want["val_loss_final"], rel=0, abs=LOSS_BOUND)

@@ -128,7 +128,8 @@ def test_training_lowers_validation_loss(runs):
 
 def test_losses_are_those_of_the_code_before_the_package_move(default_study, runs, steps):
     """The house move (packages by stage, layouts, the engine owning the step) changed no number: every strategy's
-    per-step losses and validation losses equal those recorded on main before the move, bit for bit."""
+    per-step losses and validation losses equal those recorded on main before the move (bit for bit on the machine
+    that recorded them; within 1e-4 on another CPU model: conftest.LOSS_BOUND)."""
     assert_default_study_losses(runs, steps)
 
 
