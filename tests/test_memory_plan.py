@@ -87,9 +87,11 @@ def test_committed_gpu_runs_are_predicted_within_the_stated_error():
     from workflow_scripts.bench.memory import table
 
     frame = table(REPO / "results")
-    modelled = frame.dropna(subset=["analytic_error_pct"])
+    eager, compiled = frame[frame["bound"] == ""], frame[frame["bound"] == "upper"]
+    modelled = eager.dropna(subset=["analytic_error_pct"])
     err = modelled["analytic_error_pct"].abs()
     assert len(modelled) >= 82 and (err <= 10).mean() >= 0.9 and err.max() <= 12, frame
+    assert len(compiled) >= 5 and (compiled["measured_gib"] <= compiled["analytic_gib"]).all()  # upper bounds
     assert frame.loc[frame["analytic_error_pct"].isna(), "not_modelled"].str.len().gt(0).all()
 
 
@@ -99,7 +101,7 @@ def plan_config(**plan):
                        "micro_batches": [2, 8, 16], "precision": None, "seq_len": None, "vocab": 50257, **plan},
               "train": {"precision": "bf16-mixed", "grad_accum": 1, "gradient_checkpointing": False,
                         "compile_blocks": False, "compile_loss": False, "vocab_multiple": 64, "embedding_rows": None},
-              "data": {"block_size": 1024}, "tokenizer": {"kind": "hub"}, "model_overrides": {},
+              "platform": "cuda", "data": {"block_size": 1024}, "tokenizer": {"kind": "hub"}, "model_overrides": {},
               "strategy_options": {}}
     return config
 
@@ -120,6 +122,22 @@ def test_the_planner_says_what_fits_on_known_cases():
     assert at[("zero3_offload", 1, 8)] < at[("zero3", 1, 8)]
     small = rows(plan_config(gpu_memory_gib=16))
     assert not small.set_index(["strategy", "gpus", "micro_batch"]).loc[("ddp", 1, 16), "fits"]
+
+
+def test_the_planner_bounds_a_compiled_run_by_the_eager_count():
+    """The GPU default (compile auto, on from micro-batch 8 for gpt2-large): a bound that fits is a fit; one that
+    does not is unknown, not a refusal."""
+    from workflow_scripts.plan.planner import markdown, rows
+
+    config = plan_config(gpu_memory_gib=94)
+    config["train"].update(compile_blocks="auto", compile_loss="auto")
+    frame = rows(config).set_index(["strategy", "gpus", "micro_batch"])
+    bound = frame["bound"].xs(1, level="gpus")
+    assert (bound.xs(8, level="micro_batch") == "upper").all()
+    assert (bound.xs(2, level="micro_batch") == "").all()  # auto stays eager at mb 2: an exact prediction
+    assert frame.loc[("ddp", 1, 8), "fits"] == True  # noqa: E712 - 58 GiB bound < 92 usable
+    assert frame.loc[("ddp", 1, 16), "fits"] is None  # the eager 99 GiB says nothing about the compiled run
+    assert "≤ 99" in markdown(frame.reset_index(), config["plan"])
 
 
 def test_a_plan_names_the_missing_vocabulary():
@@ -145,3 +163,5 @@ def test_refuse_oom_keeps_a_run_that_would_not_fit_from_starting(tmp_path):
     assert reason.startswith("not started: predicted device-wide peak 98.7 GiB per GPU (torch-allocated 82.8) "
                              "> 78.0 GiB usable") and "plan.refuse_oom" in reason
     assert predicted_oom({**spec, "memory_guard": guard}, SimpleNamespace(micro_batch=8, accum=1)) is None
+    compiled = {**spec, "memory_guard": guard, "train": {**spec["train"], "compile_blocks": True}}
+    assert predicted_oom(compiled, ctx) is None  # the eager count only bounds it: no refusal on a bound

@@ -36,6 +36,10 @@ def test_the_phases_of_a_gpu_step_add_up_to_the_step(analysis):
     # DDP's all-reduce runs in NCCL kernels, mostly while backward computes
     assert (phases.comm_ms > 0).all() and phases.comm_overlap_pct.between(0, 100).all()
     assert phases.comm_overlap_pct.mean() > 50
+    # host-bound reading: every phase launched device work, and its host range covers at least what it launched
+    for p in ("forward", "backward", "optimizer"):
+        assert (phases[f"{p}_launches"] > 0).all() and (phases[f"{p}_host_ms"] > 0).all(), p
+    assert (phases.backward_launches > phases.forward_launches).all()
 
 
 def test_hta_reads_the_gpu_trace(analysis):

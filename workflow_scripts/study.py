@@ -7,7 +7,9 @@ Layouts (training/layout.py): every entry of `world_sizes` is a pure data-parall
 """
 from __future__ import annotations
 
+from workflow_scripts.training import harness
 from workflow_scripts.training.layout import Layout
+from workflow_scripts.training.models import MODELS
 
 
 def groups(config: dict) -> list[dict]:
@@ -117,9 +119,26 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
     if config["profile"].get("enabled"):  # only then: a spec without traces stays what it was
         spec["profile"] = config["profile"]
         spec["trace_dir"] = trace_dir(config, model, strategy, layout.key, repeat)
+    # auto levers made true/false: the spec says what the run does (training/harness.py: the GPU fast path)
+    spec["train"] = harness.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
+                                    block_flops(config, model, spec["train"]["micro_batch_size"], spec["layout"]))
     # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
     spec["train"]["seed"] = config["train"]["seed"] + int(repeat)
     return spec
+
+
+def block_flops(config: dict, model: str, micro_batch: int, layout: dict) -> float:
+    """Forward matmul FLOPs of one transformer block call: 2 x the block's matmul weights x the tokens of a
+    micro-batch on the rank (cp splits the sequence); a ViT's tokens are its patches + 1. Not divided by tp: eager
+    tensor parallel pays DTensor dispatch on the host per op, which compiling removes (3.7x on the 3B shape,
+    results/parallelism/h200x2-tp-compiled)."""
+    spec = MODELS[model]
+    if spec.family == "vit":
+        tokens = (config["images"]["image_size"] // spec.shape["patch_size"]) ** 2 + 1
+    else:
+        tokens = config["data"]["block_size"]
+    per_rank = micro_batch * tokens / layout.get("cp", 1)
+    return 2.0 * spec.block_matmul_params * per_rank
 
 
 def trace_dir(config: dict, model: str, strategy: str, layout: str, repeat) -> str:

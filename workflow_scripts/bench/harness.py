@@ -34,6 +34,7 @@ from workflow_scripts.training.launch import environment
 from workflow_scripts.training.strategies import get as get_strategy
 
 GIB = 2**30
+EAGER = {"compile_blocks": False, "compile_loss": False}  # the lever ladder starts eager: each lever adds one
 
 
 def matching_precision(strategy: str, precision: str) -> str:
@@ -117,7 +118,7 @@ def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
     for r in range(b["rounds"]):
         for lever in b["levers"]:
             strategy = lever.get("strategy", b["lever_strategy"])
-            spec = spec_for(config, strategy, lever["train"], out, f"levers/{lever['name']}/r{r}", r)
+            spec = spec_for(config, strategy, {**EAGER, **lever["train"]}, out, f"levers/{lever['name']}/r{r}", r)
             print(f"lever {lever['name']} (round {r})", flush=True)
             rows.append({**lever_row(lever["name"], lever["train"], run_ours(spec), r), "strategy": strategy})
             save(pd.DataFrame(rows))

@@ -21,7 +21,7 @@ import pandas as pd
 
 from workflow_scripts import study
 from workflow_scripts.plan.predict import predict
-from workflow_scripts.training.models import embedding_rows
+from workflow_scripts.training.models import MODELS, embedding_rows
 
 GIB = 2**30
 
@@ -43,6 +43,15 @@ def plan_vocab(config: dict) -> int:
 
 def usable_bytes(plan: dict) -> float:
     return (plan["gpu_memory_gib"] - plan["headroom_gib"]) * GIB
+
+
+def compiled(config: dict, gpus: int, model: str, micro_batch: int) -> bool:
+    """Whether the run compiles (train.compile_blocks / compile_loss, `auto` resolved as a run spec does)."""
+    from workflow_scripts.training import harness
+
+    t = harness.resolve(config["train"], config["platform"], {"dp": gpus}, MODELS[model].family,
+                        study.block_flops(config, model, micro_batch, {}))
+    return bool(t["compile_blocks"] or t["compile_loss"])
 
 
 def accumulation(strategy: str, config: dict) -> int:
@@ -72,15 +81,17 @@ def rows(config: dict) -> pd.DataFrame:
                                 vocab=vocab, overrides=config["model_overrides"].get(model),
                                 options=config["strategy_options"].get(strategy, {}),
                                 checkpointing=bool(train["gradient_checkpointing"]),
-                                compiled=bool(train["compile_blocks"] or train["compile_loss"]))
+                                compiled=compiled(config, n, model, mb))
                     total, device = (p.total, p.device) if p.modelled else (None, None)
                     out.append({"model": model, "strategy": strategy, "gpus": n, "micro_batch": mb,
                                 "predicted_gib": None if total is None else total / GIB,
                                 "predicted_device_gib": None if device is None else device / GIB,
                                 "usable_gib": usable / GIB,
                                 "margin_gib": None if device is None else (usable - device) / GIB,
-                                "fits": None if device is None else bool(device <= usable),
-                                "method": p.method if p.modelled else "", "note": p.why})
+                                # an upper bound (compiled) that exceeds the usable memory says nothing
+                                "fits": None if device is None or (p.bound and device > usable)
+                                else bool(device <= usable),
+                                "method": p.method if p.modelled else "", "bound": p.bound, "note": p.why})
     return pd.DataFrame(out)
 
 
@@ -94,7 +105,8 @@ def largest_fitting(frame: pd.DataFrame) -> pd.DataFrame:
 def markdown(frame: pd.DataFrame, plan: dict) -> str:
     lines = [f"Plan: {plan['gpu_memory_gib']} GiB per GPU, {plan['headroom_gib']} GiB kept free (the prediction's "
              "error); predicted device-wide peak per GPU (analytic memory model: torch-allocated peak, allocator "
-             "slack, CUDA context, NCCL buffers); ✓ fits, ✗ does not.", ""]
+             "slack, CUDA context, NCCL buffers); ✓ fits, ✗ does not; ≤: compiled runs, the eager count as an upper bound "
+             "(? where that bound does not fit: the compiled run may).", ""]
     mbs = list(plan["micro_batches"])
     best = largest_fitting(frame).set_index(["model", "strategy", "gpus"])["largest_micro_batch"]
     for model, part in frame.groupby("model", sort=False):
@@ -105,8 +117,9 @@ def markdown(frame: pd.DataFrame, plan: dict) -> str:
             text = []
             for m in mbs:
                 r = by_mb.loc[m]
+                mark = "?" if r["fits"] is None else "✓" if r["fits"] else "✗"
                 text.append(r["note"] if pd.isna(r["predicted_gib"]) else
-                            f"{r['predicted_device_gib']:.1f} {'✓' if r['fits'] else '✗'}")
+                            f"{'≤ ' if r['bound'] else ''}{r['predicted_device_gib']:.1f} {mark}")
             largest = best.loc[(model, strategy, n)]
             lines.append(f"| `{strategy}` | {n} | " + " | ".join(text) + " | "
                          + ("none" if pd.isna(largest) else str(int(largest))) + " |")

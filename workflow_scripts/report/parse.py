@@ -59,7 +59,7 @@ def predicted_peak(summary: dict, run_dir: Path) -> dict:
 
     p = predict_run(json.loads((run_dir / C.RUN_SPEC).read_text()), summary, "analytic")
     return {"predicted_peak_bytes": p.total, "predicted_device_peak_bytes": p.device,
-            "predicted_peak_note": p.method if p.modelled else p.why}
+            "predicted_peak_note": (f"{p.method}, {p.why}" if p.bound else p.method) if p.modelled else p.why}
 
 
 def machine_columns(m: dict) -> dict:

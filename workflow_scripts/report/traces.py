@@ -91,7 +91,10 @@ def step_phases(trace: dict) -> tuple[list[dict], str]:
 
     GPU trace: a phase is the device work launched while its host range was open (any thread: autograd launches
     backward kernels from its own), the step spans the device work launched during the step, communication is NCCL
-    kernels. CPU trace: the host ranges themselves, communication the process group's collective ranges."""
+    kernels. CPU trace: the host ranges themselves, communication the process group's collective ranges.
+    Per phase also the host time its ranges took (`<phase>_host_ms`) and, on GPU traces, how many device ops it
+    launched (`<phase>_launches`): a phase whose host time far exceeds its device time with thousands of launches is
+    host-bound (per-tensor Python loops), which no faster kernel fixes."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     steps = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")),
                    key=lambda e: e["ts"])
@@ -116,12 +119,16 @@ def step_phases(trace: dict) -> tuple[list[dict], str]:
             comm_u = union(clip([e for e in events if e.get("cat") == "user_annotation"
                                  and COLLECTIVE.match(e["name"])], a, b))
             compute = union(phase["forward"] + phase["backward"])
+        own = {p: [r for r in ranges if r["name"] == p and s["ts"] <= r["ts"] <= s["ts"] + s["dur"]] for p in PHASES}
         busy = length(union(sum(phase.values(), [])))
         step_ms = (b - a) / 1000
         row = {"step": int(s["name"].split("#")[1]), "step_ms": step_ms,
                **{f"{p}_ms": length(phase[p]) / 1000 for p in PHASES},
                "other_ms": max(step_ms - busy / 1000, 0.0), "comm_ms": length(comm_u) / 1000,
-               "comm_overlapped_ms": intersect(comm_u, compute) / 1000}
+               "comm_overlapped_ms": intersect(comm_u, compute) / 1000,
+               **{f"{p}_host_ms": sum(r["dur"] for r in own[p]) / 1000 for p in PHASES},
+               **{f"{p}_launches": sum(len(launched_in(ops, r["ts"], r["ts"] + r["dur"])) for r in own[p])
+                  if where == "gpu" else None for p in PHASES}}
         row["comm_overlap_pct"] = 100 * row["comm_overlapped_ms"] / row["comm_ms"] if row["comm_ms"] else None
         rows.append(row)
     return rows, where
@@ -163,9 +170,9 @@ def analyse(trace_dir: Path, out_dir: Path, top: int = 10) -> dict:
     result = {"trace_dir": str(trace_dir), "ranks": sorted(files), "phases_read_on": where,
               "phases": phases, "hta": hta, "hta_why_not": why,
               "note": None if files else "no trace: the run ended before the profiler window (or failed)"}
-    pd.DataFrame(phases, columns=["rank", "step", "step_ms", *[f"{p}_ms" for p in PHASES], "other_ms", "comm_ms",
-                                  "comm_overlapped_ms", "comm_overlap_pct"]).to_csv(out_dir / "phases.csv",
-                                                                                    index=False)
+    columns = ["rank", "step", "step_ms", *[f"{p}_ms" for p in PHASES], "other_ms", "comm_ms", "comm_overlapped_ms",
+               "comm_overlap_pct", *[f"{p}_{x}" for x in ("host_ms", "launches") for p in PHASES]]
+    pd.DataFrame(phases, columns=columns).to_csv(out_dir / "phases.csv", index=False)
     (out_dir / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
     return result
 
@@ -189,8 +196,8 @@ def study_table(paths: list[Path]) -> pd.DataFrame:
             mine = phases[phases["rank"] == rank] if len(phases) else phases
             row = {**ids, "rank": rank, "steps": len(mine), "phases_read_on": a["phases_read_on"].get(str(rank))}
             for col in ("step_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms", "comm_ms",
-                        "comm_overlap_pct"):
-                row[col] = mine[col].astype(float).mean() if len(mine) else None
+                        "comm_overlap_pct", *(f"{p}_{x}" for x in ("host_ms", "launches") for p in PHASES)):
+                row[col] = mine[col].astype(float).mean() if len(mine) and col in mine else None
             t = temporal.get(rank, {})
             row.update({"hta_compute_pct": t.get("compute_time_pctg"), "hta_non_compute_pct":
                         t.get("non_compute_time_pctg"), "hta_idle_pct": t.get("idle_time_pctg"),

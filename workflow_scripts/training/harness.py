@@ -4,13 +4,18 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
 - compile_blocks: `torch.compile` of each transformer block in place (`nn.Module.compile`) before the strategy
   wraps the model, the unit FSDP shards and DDP buckets around, so gradient communication still overlaps block by
   block (ZeRO-3 makes each block a leaf module and compiles its forward: the strategy's `compile_blocks`). Embeddings, the
-  final norm and the LM head stay eager.
+  final norm and the LM head stay eager. Gradient checkpointing wraps the compiled block (HF's non-reentrant
+  checkpoint recomputes the compiled forward).
 - compile_loss: the next-token cross-entropy compiled: the bf16 logits are upcast inside one fused kernel instead
   of materialising an fp32 copy of the (batch x sequence x vocabulary) logits and their gradient.
 
-`train.compile_mode` is torch.compile's mode for both (e.g. max-autotune-no-cudagraphs: Triton matmul autotuning,
-minutes of compilation). Both are off by default (CPU compilation costs more than it saves on the CPU study). What a run used is recorded
-in its `strategy_settings.json` under `harness`.
+Both default to `auto` (resolve, called by the run spec): on a GPU platform they are on, the fast path; off on CPU
+(compilation costs more than it saves there), where a block call is too small for compilation to pay
+(MIN_BLOCK_FLOPS: the step is host-bound there), under layout dimensions whose compiled runs were not checked on a
+GPU yet (parallel.Dimension.compiled_on_gpu) and for the MoE family (grouped_mm experts); the reason is recorded in
+the spec. `true` / `false` force them. `train.compile_mode` is torch.compile's mode for both (e.g.
+max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of compilation). What a run used is recorded in its
+`strategy_settings.json` under `harness`.
 """
 from __future__ import annotations
 
@@ -19,6 +24,39 @@ import torch
 from workflow_scripts.training.strategies.base import lm_loss
 
 _compiled_loss = None
+LEVERS = ("compile_blocks", "compile_loss")
+# Below this much forward matmul work per block call and rank, a compiled block's per-call host cost (guards, the
+# autograd wrapper) outweighs what fusion saves: GPT-2-medium on one H100, interleaved, micro-batch 4 (1.0e11 FLOP)
+# compiled 0.85x eager, micro-batch 16 (4.1e11) 1.9x (results/bench_harness/h100-levers-mb4, BENCHMARKS.md Part 1).
+MIN_BLOCK_FLOPS = 2.0e11
+
+
+def auto_compile(platform: str, layout: dict | None, family: str, block_flops: float) -> tuple[bool, str]:
+    """What `auto` means for one run: (compile?, why). `block_flops`: forward matmul FLOPs of one block call
+    (study.block_flops)."""
+    from workflow_scripts.training.parallel import DIMENSIONS
+
+    if platform == "cpu":
+        return False, "auto: off on CPU (compiling costs more than it saves there)"
+    unchecked = [k for k, n in (layout or {}).items() if int(n) > 1 and not (k in DIMENSIONS and
+                                                                            DIMENSIONS[k].compiled_on_gpu)]
+    if unchecked:
+        return False, f"auto: off under {'/'.join(unchecked)} (compiled runs not checked on a GPU yet)"
+    if family == "qwen2_moe":
+        return False, "auto: off for the MoE family (compiled grouped_mm experts not checked on a GPU yet)"
+    if block_flops < MIN_BLOCK_FLOPS:
+        return False, (f"auto: off, {block_flops:.1e} FLOP per block call < {MIN_BLOCK_FLOPS:.0e} (host-bound: "
+                       "compiled blocks cost more per call than they save)")
+    return True, f"auto: on ({platform}, {block_flops:.1e} FLOP per block call)"
+
+
+def resolve(train: dict, platform: str, layout: dict | None, family: str, block_flops: float) -> dict:
+    """The run's train settings with `auto` levers made true/false (and the reason under `compile_auto`)."""
+    auto = [k for k in LEVERS if train.get(k, "auto") == "auto"]
+    if not auto:
+        return dict(train)
+    on, why = auto_compile(platform, layout, family, block_flops)
+    return {**train, **{k: on for k in auto}, "compile_auto": why}
 
 
 def apply(model: torch.nn.Module, train: dict, strategy) -> dict:

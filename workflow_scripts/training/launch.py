@@ -169,7 +169,7 @@ def predicted_oom(spec: dict, ctx) -> str | None:
                 layout=spec.get("layout"), options=spec.get("options"),
                 checkpointing=bool(t.get("gradient_checkpointing")),
                 compiled=bool(t.get("compile_blocks") or t.get("compile_loss")))
-    if not p.modelled or p.device <= guard["usable_bytes"]:
+    if not p.modelled or p.bound or p.device <= guard["usable_bytes"]:  # an upper bound refuses nothing
         return None
     return (f"not started: predicted device-wide peak {p.device / 2**30:.1f} GiB per GPU (torch-allocated "
             f"{p.total / 2**30:.1f}) > {guard['usable_bytes'] / 2**30:.1f} GiB usable ({guard['gpu_memory_gib']} GiB "

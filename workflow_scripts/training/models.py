@@ -59,6 +59,21 @@ class ModelSpec:
         return int(self.shape.get("num_experts", 0) or 0)
 
     @property
+    def block_matmul_params(self) -> int:
+        """Weight elements one token passes through in one block's matmuls: attention projections and the MLP (a
+        MoE block: its top-k routed experts and the shared expert). 2x this is a block's forward FLOPs per token."""
+        d, kv_dim = self.d_model, self.n_kv_heads * (self.d_model // self.n_heads)
+        attn = 2 * d * d + 2 * d * kv_dim  # q, o; k, v
+        if self.family == "gpt2":
+            return attn + 2 * d * (self.shape.get("n_inner") or 4 * d)
+        if self.family == "vit":
+            return attn + 2 * d * self.shape["intermediate_size"]
+        if self.n_experts:
+            routed = self.shape["num_experts_per_tok"] * self.shape["moe_intermediate_size"]
+            return attn + 3 * d * (routed + self.shape["shared_expert_intermediate_size"])
+        return attn + 3 * d * self.shape["intermediate_size"]  # gate, up, down
+
+    @property
     def idle_expert_params(self) -> int:
         """Parameters a token does not pass through: the routed experts beyond its top-k, in every MoE layer
         (model FLOPs count only the active parameters)."""

@@ -26,6 +26,9 @@ class Dimension:
     # (layout, model name, where) -> problems: what the dimension needs from the model (beyond training.layout's
     # divisibility checks)
     model_problems: Callable | None = None
+    # the GPU fast path (train.compile_blocks / compile_loss: auto) compiles layouts with this dimension: set once
+    # compiled runs of it were checked on a GPU (results/parallelism/*-compiled)
+    compiled_on_gpu: bool = False
 
 
 def _discover() -> dict[str, Dimension]:

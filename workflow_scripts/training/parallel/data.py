@@ -55,4 +55,5 @@ def problems(layout, strategy, train: dict, where: str) -> list[str]:
 
 
 DIMENSION = Dimension(key="dp", description="data parallel: DDP, DeepSpeed ZeRO or FSDP2 over the dp ranks "
-                                            "(the run's strategy)", problems=problems)
+                                            "(the run's strategy)", problems=problems,
+                      compiled_on_gpu=True)

@@ -50,4 +50,4 @@ def model_problems(layout, model_name: str, where: str) -> list[str]:
 
 DIMENSION = Dimension(key="tp", description="tensor parallel: DTensor ColwiseParallel q/k/v and gate/up, "
                                             "RowwiseParallel o/down, per block over mesh['tp']",
-                      apply=apply, model_problems=model_problems)
+                      apply=apply, model_problems=model_problems, compiled_on_gpu=True)

@@ -1,0 +1,69 @@
+"""The GPU fast path as the default (train.compile_blocks / compile_loss: auto): what a run spec says it does on each
+platform, layout and model family, and what the memory model and the planner make of a compiled run. The speed
+itself is measured on GPUs (BENCHMARKS.md)."""
+from __future__ import annotations
+
+from workflow_scripts import study
+from workflow_scripts.training.layout import Layout
+
+
+def config(platform: str, **train) -> dict:
+    return {"results_dir": "r", "work_dir": "w", "study": "t", "nodes": 1, "platform": platform,
+            "data": {"block_size": 1024}, "images": {"image_size": 224},
+            "train": {"precision": "bf16-mixed", "seed": 1, "micro_batch_size": 16, "compile_blocks": "auto",
+                      "compile_loss": "auto", **train},
+            "strategy_options": {}, "pretrained": {}, "model_overrides": {}, "sampler": {}, "substitutions": [],
+            "plan": {}, "profile": {}}
+
+
+def levers(platform: str, model="gpt2-medium", layout: Layout | int = 1, **train) -> dict:
+    t = study.run_spec(config(platform, **train), model, "fsdp", layout, 0, {}, "o", "w", [])["train"]
+    return {k: t.get(k) for k in ("compile_blocks", "compile_loss", "compile_auto")}
+
+
+def test_auto_compiles_on_gpus_and_not_on_cpu():
+    on = levers("cuda")
+    assert on["compile_blocks"] is True and on["compile_loss"] is True
+    assert on["compile_auto"] == "auto: on (cuda, 4.1e+11 FLOP per block call)"
+    assert levers("rocm")["compile_blocks"] is True
+    off = levers("cpu")
+    assert off["compile_blocks"] is False and off["compile_loss"] is False and "CPU" in off["compile_auto"]
+
+
+def test_auto_stays_eager_where_compiled_runs_were_not_checked_on_a_gpu():
+    assert levers("cuda", "qwen2.5-3b", Layout.from_config({"dp": 2, "tp": 2}, "x"))["compile_blocks"] is True
+    pp = levers("cuda", "qwen2.5-3b", Layout.from_config({"dp": 2, "pp": 2}, "x"))
+    assert pp["compile_blocks"] is False and "pp" in pp["compile_auto"]
+    moe = levers("cuda", "qwen1.5-moe-a2.7b-12l")
+    assert moe["compile_blocks"] is False and "MoE" in moe["compile_auto"]
+
+
+def test_auto_stays_eager_where_a_block_call_is_too_small_to_pay():
+    """GPT-2-medium at the tutorial's micro-batch 4 measured 0.85x eager compiled (host-bound), at 16 1.9x."""
+    small = levers("cuda", micro_batch_size=4)
+    assert small["compile_blocks"] is False and "1.0e+11 FLOP per block call" in small["compile_auto"]
+    assert levers("cuda", "vit-huge-14", micro_batch_size=32)["compile_blocks"] is True  # 257 tokens x 32 images
+    assert levers("cuda", "vit-base-16", micro_batch_size=32)["compile_blocks"] is False
+    # context parallel splits a rank's tokens; tensor parallel does not count (eager DTensor is host-bound)
+    assert study.block_flops(config("cuda"), "qwen2.5-3b", 2, {"cp": 2}) * 2 == \
+        study.block_flops(config("cuda"), "qwen2.5-3b", 2, {"tp": 2})
+
+
+def test_an_explicit_setting_wins_and_a_partial_one_resolves_the_rest():
+    assert levers("cuda", compile_blocks=False, compile_loss=False) == \
+        {"compile_blocks": False, "compile_loss": False, "compile_auto": None}
+    mixed = levers("cuda", compile_blocks=False)
+    assert mixed["compile_blocks"] is False and mixed["compile_loss"] is True
+    assert levers("cpu", compile_loss=True)["compile_loss"] is True
+
+
+def test_a_compiled_run_is_bounded_by_the_eager_count():
+    """Compiled: the eager prediction as an upper bound, never a refusal; the committed compiled rows lie below it
+    (bench/memory.py: 0.91-0.93 of the bound)."""
+    from workflow_scripts.plan.predict import predict
+
+    run = dict(model="gpt2-large", strategy="ddp", precision="bf16-mixed", world_size=1, micro_batch=16,
+               seq_len=1024, grad_accum=1, vocab=50304)
+    eager, compiled = predict(**run), predict(**run, compiled=True)
+    assert compiled.bound == "upper" and not eager.bound and compiled.total == eager.total
+    assert "upper bound" in compiled.why
