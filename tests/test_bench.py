@@ -99,3 +99,15 @@ def test_bench_config_errors_name_the_key(default_study):
                      check=False)
     assert done.returncode != 0
     assert "bench: unknown strategy 'zero9'" in done.stdout + done.stderr
+
+
+def test_the_schema_offers_exactly_the_trainer_settings_the_baseline_knows():
+    """bench.trainer_settings is validated by the schema's enum; the baseline (bench/trainer.SETTINGS) runs them."""
+    import yaml
+
+    from conftest import REPO
+    from workflow_scripts.bench.trainer import SETTINGS
+
+    schema = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
+    bench = schema["properties"]["bench"]["properties"]["trainer_settings"]
+    assert tuple(bench["items"]["enum"]) == SETTINGS == tuple(bench["default"])
