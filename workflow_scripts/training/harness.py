@@ -25,9 +25,9 @@ from workflow_scripts.training.strategies.base import lm_loss
 
 _compiled_loss = None
 LEVERS = ("compile_blocks", "compile_loss")
-# Below this much forward matmul work per block call and rank, a compiled block's per-call host cost (guards, the
+# Below this much forward matmul work per block call, a compiled block's per-call host cost (guards, the
 # autograd wrapper) outweighs what fusion saves: GPT-2-medium on one H100, interleaved, micro-batch 4 (1.0e11 FLOP)
-# compiled 0.85x eager, micro-batch 16 (4.1e11) 1.9x (results/bench_harness/h100-levers-mb4, BENCHMARKS.md Part 1).
+# compiled 0.85x eager, micro-batch 16 (4.1e11) 1.9x (results/bench_harness/h100-levers-mb4, BENCHMARKS.md Part 1b).
 MIN_BLOCK_FLOPS = 2.0e11
 
 
