@@ -16,8 +16,10 @@ rule plan:
                 k: config[k]
                 for k in (
                     "plan",
+                    "platform",
                     "train",
                     "data",
+                    "images",
                     "tokenizer",
                     "models",
                     "strategies",

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, copy_workflow, snakemake
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan.predict import count_params, shape
 from workflow_scripts.plan.traced import layer_saved_bytes
@@ -138,6 +138,18 @@ def test_the_planner_bounds_a_compiled_run_by_the_eager_count():
     assert frame.loc[("ddp", 1, 8), "fits"] == True  # noqa: E712 - 58 GiB bound < 92 usable
     assert frame.loc[("ddp", 1, 16), "fits"] is None  # the eager 99 GiB says nothing about the compiled run
     assert "≤ 99" in markdown(frame.reset_index(), config["plan"])
+
+
+def test_the_plan_target_of_a_gpu_study_marks_the_compiled_cells(tmp_path):
+    """`snakemake plan` on a GPU study (no GPU needed): the platform reaches the planner, so `auto` compiles from
+    the block size where it pays (gpt2-medium: micro-batch 8) and those cells are eager upper bounds."""
+    wd = copy_workflow(tmp_path / "wf")
+    snakemake(wd, "plan", "--configfile", "studies/scaling.yaml", "studies/offline_gpu.yaml", "--config",
+              "devices_per_node=4", "results_dir=results/plan_gpu")
+    rows = [line for line in (wd / "results/plan_gpu/plan/plan.md").read_text().splitlines()
+            if line.startswith("| `ddp` | 1 |")]
+    cells = rows[0].split("|")[3:9]  # micro-batches 1, 2, 4, 8, 16, 32
+    assert not any("≤" in c for c in cells[:3]) and all("≤" in c for c in cells[3:]), rows
 
 
 def test_a_plan_names_the_missing_vocabulary():
