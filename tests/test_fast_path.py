@@ -10,14 +10,16 @@ from workflow_scripts.training.layout import Layout
 def config(platform: str, **train) -> dict:
     return {"results_dir": "r", "work_dir": "w", "study": "t", "nodes": 1, "platform": platform,
             "data": {"block_size": 1024}, "images": {"image_size": 224},
-            "train": {"precision": "bf16-mixed", "seed": 1, "micro_batch_size": 16, "compile_blocks": "auto",
+            "train": {"precision": "bf16-mixed", "seed": 1, "micro_batch_size": 16, "grad_accum": 1, "compile_blocks": "auto",
                       "compile_loss": "auto", **train},
             "strategy_options": {}, "pretrained": {}, "model_overrides": {}, "sampler": {}, "substitutions": [],
             "plan": {}, "profile": {}}
 
 
-def levers(platform: str, model="gpt2-medium", layout: Layout | int = 1, **train) -> dict:
-    t = study.run_spec(config(platform, **train), model, "fsdp", layout, 0, {}, "o", "w", [])["train"]
+def levers(platform: str, model="gpt2-medium", layout: Layout | int = 1, strategy="fsdp", **train) -> dict:
+    cfg = config(platform, **train)
+    cfg["strategy_options"] = {"grad_accum": {"accum_steps": 4, "keep_effective_batch": True}}
+    t = study.run_spec(cfg, model, strategy, layout, 0, {}, "o", "w", [])["train"]
     return {k: t.get(k) for k in ("compile_blocks", "compile_loss", "compile_auto")}
 
 
@@ -42,8 +44,11 @@ def test_auto_stays_eager_where_a_block_call_is_too_small_to_pay():
     """GPT-2-medium at the tutorial's micro-batch 4 measured 0.85x eager compiled (host-bound), at 16 1.9x."""
     small = levers("cuda", micro_batch_size=4)
     assert small["compile_blocks"] is False and "1.0e+11 FLOP per block call" in small["compile_auto"]
-    assert levers("cuda", "vit-huge-14", micro_batch_size=32)["compile_blocks"] is True  # 257 tokens x 32 images
+    vit = levers("cuda", "vit-huge-14", micro_batch_size=32)  # 257 tokens x 32 images
+    assert vit["compile_blocks"] is True and vit["compile_loss"] is False  # a classifier's loss: nothing to compile
     assert levers("cuda", "vit-base-16", micro_batch_size=32)["compile_blocks"] is False
+    # grad_accum forwards a quarter of the micro-batch at the same effective batch: decided on what one forward does
+    assert levers("cuda", strategy="grad_accum")["compile_blocks"] is False
     # context parallel splits a rank's tokens; tensor parallel does not count (eager DTensor is host-bound)
     assert study.block_flops(config("cuda"), "qwen2.5-3b", 2, {"cp": 2}) * 2 == \
         study.block_flops(config("cuda"), "qwen2.5-3b", 2, {"tp": 2})
@@ -67,3 +72,12 @@ def test_a_compiled_run_is_bounded_by_the_eager_count():
     eager, compiled = predict(**run), predict(**run, compiled=True)
     assert compiled.bound == "upper" and not eager.bound and compiled.total == eager.total
     assert "upper bound" in compiled.why
+
+
+def test_what_counts_as_compiled_for_the_memory_model():
+    from workflow_scripts.training.harness import compiles
+
+    assert compiles({"compile_blocks": True}, "gpt2", {}) and compiles({"compile_loss": True}, "qwen2", {})
+    assert not compiles({"compile_loss": True}, "vit", {})  # a ViT's loss is not ours to compile
+    assert not compiles({"compile_loss": True}, "qwen2", {"cp": 2})  # the sequence-sharded loss stays eager
+    assert not compiles({"compile_blocks": "auto", "compile_loss": "auto"}, "gpt2", {})  # unresolved: nothing

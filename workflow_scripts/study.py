@@ -7,7 +7,10 @@ Layouts (training/layout.py): every entry of `world_sizes` is a pure data-parall
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from workflow_scripts.training import harness
+from workflow_scripts.training.context import micro_and_accum
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 
@@ -120,23 +123,26 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
         spec["profile"] = config["profile"]
         spec["trace_dir"] = trace_dir(config, model, strategy, layout.key, repeat)
     # auto levers made true/false: the spec says what the run does (training/harness.py: the GPU fast path)
+    micro, _ = micro_and_accum(spec)  # of one forward (grad_accum splits the micro-batch)
     spec["train"] = harness.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
-                                    block_flops(config, model, spec["train"]["micro_batch_size"], spec["layout"]))
+                                    block_flops(config, model, micro, spec["layout"]))
     # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
     spec["train"]["seed"] = config["train"]["seed"] + int(repeat)
     return spec
 
 
-def block_flops(config: dict, model: str, micro_batch: int, layout: dict) -> float:
+def block_flops(config: dict, model: str, micro_batch: int, layout: dict, seq_len: int | None = None) -> float:
     """Forward matmul FLOPs of one transformer block call: 2 x the block's matmul weights x the tokens of a
     micro-batch on the rank (cp splits the sequence); a ViT's tokens are its patches + 1. Not divided by tp: eager
     tensor parallel pays DTensor dispatch on the host per op, which compiling removes (3.7x on the 3B shape,
-    results/parallelism/h200x2-tp-compiled)."""
+    results/parallelism/h200x2-tp-compiled). `seq_len`: a language model's tokens per sample, if not the data's
+    block size (the planner's plan.seq_len); the study's model_overrides change the shape."""
     spec = MODELS[model]
+    spec = replace(spec, shape={**spec.shape, **(config.get("model_overrides") or {}).get(model, {})})
     if spec.family == "vit":
         tokens = (config["images"]["image_size"] // spec.shape["patch_size"]) ** 2 + 1
     else:
-        tokens = config["data"]["block_size"]
+        tokens = seq_len or config["data"]["block_size"]
     per_rank = micro_batch * tokens / layout.get("cp", 1)
     return 2.0 * spec.block_matmul_params * per_rank
 

@@ -118,7 +118,8 @@ def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
     for r in range(b["rounds"]):
         for lever in b["levers"]:
             strategy = lever.get("strategy", b["lever_strategy"])
-            spec = spec_for(config, strategy, {**EAGER, **lever["train"]}, out, f"levers/{lever['name']}/r{r}", r)
+            eager = {k: v for k, v in EAGER.items() if k not in b["train"]}  # bench.train may set them
+            spec = spec_for(config, strategy, {**eager, **lever["train"]}, out, f"levers/{lever['name']}/r{r}", r)
             print(f"lever {lever['name']} (round {r})", flush=True)
             rows.append({**lever_row(lever["name"], lever["train"], run_ours(spec), r), "strategy": strategy})
             save(pd.DataFrame(rows))

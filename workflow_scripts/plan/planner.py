@@ -45,13 +45,14 @@ def usable_bytes(plan: dict) -> float:
     return (plan["gpu_memory_gib"] - plan["headroom_gib"]) * GIB
 
 
-def compiled(config: dict, gpus: int, model: str, micro_batch: int) -> bool:
+def compiled(config: dict, gpus: int, model: str, micro_batch: int, seq_len: int) -> bool:
     """Whether the run compiles (train.compile_blocks / compile_loss, `auto` resolved as a run spec does)."""
     from workflow_scripts.training import harness
 
-    t = harness.resolve(config["train"], config["platform"], {"dp": gpus}, MODELS[model].family,
-                        study.block_flops(config, model, micro_batch, {}))
-    return bool(t["compile_blocks"] or t["compile_loss"])
+    family = MODELS[model].family
+    t = harness.resolve(config["train"], config["platform"], {"dp": gpus}, family,
+                        study.block_flops(config, model, micro_batch, {}, seq_len))
+    return harness.compiles(t, family, {"dp": gpus})
 
 
 def accumulation(strategy: str, config: dict) -> int:
@@ -81,7 +82,7 @@ def rows(config: dict) -> pd.DataFrame:
                                 vocab=vocab, overrides=config["model_overrides"].get(model),
                                 options=config["strategy_options"].get(strategy, {}),
                                 checkpointing=bool(train["gradient_checkpointing"]),
-                                compiled=compiled(config, n, model, mb))
+                                compiled=compiled(config, n, model, mb, seq_len))
                     total, device = (p.total, p.device) if p.modelled else (None, None)
                     out.append({"model": model, "strategy": strategy, "gpus": n, "micro_batch": mb,
                                 "predicted_gib": None if total is None else total / GIB,
@@ -105,8 +106,9 @@ def largest_fitting(frame: pd.DataFrame) -> pd.DataFrame:
 def markdown(frame: pd.DataFrame, plan: dict) -> str:
     lines = [f"Plan: {plan['gpu_memory_gib']} GiB per GPU, {plan['headroom_gib']} GiB kept free (the prediction's "
              "error); predicted device-wide peak per GPU (analytic memory model: torch-allocated peak, allocator "
-             "slack, CUDA context, NCCL buffers); ✓ fits, ✗ does not; ≤: compiled runs, the eager count as an upper bound "
-             "(? where that bound does not fit: the compiled run may).", ""]
+             "slack, CUDA context, NCCL buffers); ✓ fits, ✗ does not; ≤: compiled runs, from the eager count, which bounds "
+             "their torch-allocated peak (the device-wide figure can be passed by a few % of allocator slack) "
+             "(? where it does not fit: the compiled run may).", ""]
     mbs = list(plan["micro_batches"])
     best = largest_fitting(frame).set_index(["model", "strategy", "gpus"])["largest_micro_batch"]
     for model, part in frame.groupby("model", sort=False):

@@ -113,6 +113,8 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
 
 def predict_run(spec: dict, summary: dict, method: str = "analytic") -> mm.Prediction:
     """From a run's run_spec.json and summary.json (ok runs: the summary has the model's size)."""
+    from workflow_scripts.training.harness import compiles
+
     t = spec["train"]
     return predict(model=spec["model"], strategy=spec["strategy"], precision=spec["precision"],
                    world_size=spec["world_size"], micro_batch=int(summary["micro_batch"]),
@@ -120,5 +122,5 @@ def predict_run(spec: dict, summary: dict, method: str = "analytic") -> mm.Predi
                    vocab=int(summary["vocab_size"]), n_params=int(summary["n_params"]),
                    overrides=spec.get("model_overrides"), layout=spec.get("layout"), options=spec.get("options"),
                    checkpointing=bool(t.get("gradient_checkpointing")),
-                   compiled=bool(t.get("compile_blocks") or t.get("compile_loss")), method=method,
+                   compiled=compiles(t, MODELS[spec["model"]].family, spec.get("layout")), method=method,
                    trainable=summary.get("trainable_params"))

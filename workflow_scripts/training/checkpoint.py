@@ -20,7 +20,8 @@ import torch.distributed as dist
 # spec keys that never change a result: where files go, how it is observed
 NOT_HASHED = ("run_id", "study", "out_dir", "work_dir", "sampler", "ops", "torch_extensions_dir", "substitutions",
               "profile", "trace_dir", "memory_guard")
-NOT_HASHED_TRAIN = ("log_every", "checkpoint_every", "tensorboard", "fault_injection")
+NOT_HASHED_TRAIN = ("log_every", "checkpoint_every", "tensorboard", "fault_injection",
+                    "compile_auto")  # why auto decided: prose; the decided compile_blocks/compile_loss are hashed
 
 
 def resume_hash(spec: dict) -> str:

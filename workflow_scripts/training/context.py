@@ -112,6 +112,19 @@ def init_distributed(spec: dict) -> RunContext:
     return ctx
 
 
+def micro_and_accum(spec: dict) -> tuple[int, int]:
+    """The micro-batch of one forward and the accumulation steps: the train settings, or a strategy's own
+    accumulation (grad_accum) at the same effective batch."""
+    t, strategy = spec["train"], get_strategy(spec["strategy"])
+    micro, accum = t["micro_batch_size"], t["grad_accum"]
+    if strategy.accum_steps is not None:  # e.g. grad_accum: its own accumulation, same effective batch
+        own = strategy.accum_steps(spec["options"])
+        if spec["options"].get("keep_effective_batch", True):
+            micro = micro * accum // own
+        accum = own
+    return micro, accum
+
+
 def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int | None = None,
               device: torch.device | None = None) -> RunContext:
     """The context of one rank; without a rank (the launcher, before any rank starts) that of rank 0."""
@@ -121,13 +134,7 @@ def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int |
         device = torch.device("cpu") if spec["platform"] == "cpu" else torch.device("cuda", 0)
     if local_world is None:
         local_world = layout.world_size // spec.get("nodes", 1)
-    strategy = get_strategy(spec["strategy"])
-    micro, accum = t["micro_batch_size"], t["grad_accum"]
-    if strategy.accum_steps is not None:  # e.g. grad_accum: its own accumulation, same effective batch
-        own = strategy.accum_steps(spec["options"])
-        if spec["options"].get("keep_effective_batch", True):
-            micro = micro * accum // own
-        accum = own
+    micro, accum = micro_and_accum(spec)
     options = {k: v for k, v in spec["options"].items() if k not in STRATEGY_KEYS}
     return RunContext(rank=rank, local_rank=local_rank, local_world_size=local_world, device=device,
                       platform=spec["platform"], layout=layout, precision=policy(spec["precision"]),

@@ -56,16 +56,26 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
     if not auto:
         return dict(train)
     on, why = auto_compile(platform, layout, family, block_flops)
-    return {**train, **{k: on for k in auto}, "compile_auto": why}
+    out = {**train, **{k: on for k in auto}, "compile_auto": why}
+    if "compile_loss" in auto and family == "vit":  # a classifier's loss: nothing to compile (vision.forward_loss)
+        out["compile_loss"] = False
+    return out
+
+
+def compiles(train: dict, family: str, layout: dict | None) -> bool:
+    """Whether a run's resolved settings compile anything: its blocks, or its loss where the loss is ours (not a
+    ViT's classifier loss, not under cp, whose sequence-sharded loss stays eager: parallel/sequence.py)."""
+    loss = train.get("compile_loss") is True and family != "vit" and int((layout or {}).get("cp", 1)) == 1
+    return train.get("compile_blocks") is True or loss
 
 
 def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
     """Compile what the config asks for (in place, with the strategy's own block compiler: see
     training.strategies.base.compile_blocks) and return the settings to record."""
-    blocks = bool(train.get("compile_blocks"))
+    blocks = train.get("compile_blocks") is True  # resolved by the run spec; an unresolved "auto" compiles nothing
     mode = train.get("compile_mode", "default")
     extra = strategy.compile_blocks(model, mode) if blocks else {}
-    return {**extra, "compile_blocks": blocks, "compile_loss": bool(train.get("compile_loss")),
+    return {**extra, "compile_blocks": blocks, "compile_loss": train.get("compile_loss") is True,
             "compile_mode": mode, "attn_implementation": train.get("attn_implementation", "sdpa"),
             "gradient_checkpointing": bool(train.get("gradient_checkpointing")),
             "host_sync": f"every {train.get('log_every')} steps (losses and CUDA-event timings read together)",
@@ -75,7 +85,7 @@ def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
 def loss_function(train: dict):
     """The loss the engines call: lm_loss, or its compiled form."""
     global _compiled_loss
-    if not train.get("compile_loss"):
+    if train.get("compile_loss") is not True:
         return lm_loss
     if _compiled_loss is None:
         _compiled_loss = torch.compile(lm_loss, mode=train.get("compile_mode", "default"))

@@ -159,7 +159,8 @@ def predicted_oom(spec: dict, ctx) -> str | None:
     if not guard:
         return None
     from workflow_scripts.plan.predict import predict
-    from workflow_scripts.training.models import embedding_rows
+    from workflow_scripts.training.harness import compiles
+    from workflow_scripts.training.models import MODELS, embedding_rows
 
     data, t = json.loads(Path(spec["data"]["manifest"]).read_text()), spec["train"]
     p = predict(model=spec["model"], strategy=spec["strategy"], precision=spec["precision"],
@@ -168,7 +169,7 @@ def predicted_oom(spec: dict, ctx) -> str | None:
                 vocab=embedding_rows(data["vocab_size"], t), overrides=spec.get("model_overrides"),
                 layout=spec.get("layout"), options=spec.get("options"),
                 checkpointing=bool(t.get("gradient_checkpointing")),
-                compiled=bool(t.get("compile_blocks") or t.get("compile_loss")))
+                compiled=compiles(t, MODELS[spec["model"]].family, spec.get("layout")))
     if not p.modelled or p.bound or p.device <= guard["usable_bytes"]:  # an upper bound refuses nothing
         return None
     return (f"not started: predicted device-wide peak {p.device / 2**30:.1f} GiB per GPU (torch-allocated "
