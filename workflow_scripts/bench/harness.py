@@ -28,13 +28,14 @@ from pathlib import Path
 import pandas as pd
 
 from workflow_scripts import study
+from workflow_scripts.training import harness
 from workflow_scripts.training.build_ops import needed_ops
 from workflow_scripts.training.precision import policy
 from workflow_scripts.training.launch import environment
 from workflow_scripts.training.strategies import get as get_strategy
 
 GIB = 2**30
-EAGER = {"compile_blocks": False, "compile_loss": False}  # the lever ladder starts eager: each lever adds one
+EAGER = dict.fromkeys(harness.LEVERS, False)  # the lever ladder starts eager: each lever adds one
 
 
 def matching_precision(strategy: str, precision: str) -> str:
