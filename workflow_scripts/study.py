@@ -140,7 +140,7 @@ def block_flops(config: dict, model: str, micro_batch: int, layout: dict, seq_le
     spec = MODELS[model]
     spec = replace(spec, shape={**spec.shape, **(config.get("model_overrides") or {}).get(model, {})})
     if spec.family == "vit":
-        tokens = (config["images"]["image_size"] // spec.shape["patch_size"]) ** 2 + 1
+        tokens = spec.patches(config["images"]["image_size"]) + 1
     else:
         tokens = seq_len or config["data"]["block_size"]
     per_rank = micro_batch * tokens / layout.get("cp", 1)

@@ -105,13 +105,16 @@ def _gib(x):
     return None if x is None else x / GIB
 
 
+def measured(s: dict) -> dict:
+    """What every benchmark row takes from a run's summary."""
+    return {"status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"), "mfu": s.get("mfu"),
+            "peak_allocated_gib": _gib(s.get("peak_allocated_bytes")), "final_loss": s.get("final_loss")}
+
+
 def lever_row(name: str, overrides: dict, s: dict, repeat: int) -> dict:
-    return {"lever": name, "settings": json.dumps(overrides, sort_keys=True), "repeat": repeat,
-            "status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"), "mfu": s.get("mfu"),
-            "step_time_s": s.get("step_time_median_s"),
-            "peak_allocated_gib": _gib(s.get("peak_allocated_bytes")), "final_loss": s.get("final_loss"),
-            "micro_batch": s.get("micro_batch"), "vocab_size": s.get("vocab_size"), "precision": s.get("precision"),
-            "reason": s.get("reason")}
+    return {"lever": name, "settings": json.dumps(overrides, sort_keys=True), "repeat": repeat, **measured(s),
+            "step_time_s": s.get("step_time_median_s"), "micro_batch": s.get("micro_batch"),
+            "vocab_size": s.get("vocab_size"), "precision": s.get("precision"), "reason": s.get("reason")}
 
 
 def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
@@ -128,9 +131,7 @@ def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
 
 
 def comparison_row(strategy: str, r: int, precision: str, runner: str, s: dict) -> dict:
-    return {"strategy": strategy, "repeat": r, "precision": precision, "runner": runner,
-            "status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"), "mfu": s.get("mfu"),
-            "peak_allocated_gib": _gib(s.get("peak_allocated_bytes")), "final_loss": s.get("final_loss"),
+    return {"strategy": strategy, "repeat": r, "precision": precision, "runner": runner, **measured(s),
             "effective_batch": s.get("effective_batch"), "attempts": s.get("attempts"), "reason": s.get("reason")}
 
 

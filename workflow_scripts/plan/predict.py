@@ -5,6 +5,7 @@ column), the benchmark (bench/memory.py) and the planner (plan/planner.py).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from types import SimpleNamespace
 
@@ -32,8 +33,8 @@ def tokens_per_sample(model: str, overrides: dict | None, seq_len: int) -> int:
     image row (seq_len = 1 + 3 x size x size, data/images.py)."""
     if MODELS[model].family != "vit":
         return seq_len
-    patch = dict(MODELS[model].shape, **(overrides or {}))["patch_size"]
-    return (image_size(seq_len) // patch) ** 2 + 1
+    spec = MODELS[model]
+    return replace(spec, shape={**spec.shape, **(overrides or {})}).patches(image_size(seq_len)) + 1
 
 
 def sample_bytes(model: str, seq_len: int) -> float:
@@ -99,9 +100,11 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
     dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # dp x cp (ep is carved out of them)
     off_opt, off_par = offloads(strategy, options)
     per_layer = None
-    if method == "traced" and MODELS[model].family == "qwen2_moe" and precision == "fp32":
-        return mm.Prediction(False, "traced: transformers' grouped_mm experts take bf16 only")
     if method == "traced":
+        from workflow_scripts.plan.traced import cannot_trace
+
+        if why := cannot_trace(model, precision):
+            return mm.Prediction(False, f"traced: {why}")
         per_layer = _traced(model, key, precision, micro_batch, tokens // layout.get("cp", 1))
     return mm.predict(shape=s, family=strat.family, zero_stage=strat.zero_stage,
                       precision=precision, dp=dp, micro_batch=micro_batch, seq_len=tokens, grad_accum=grad_accum,

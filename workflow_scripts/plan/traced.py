@@ -37,6 +37,13 @@ def _layer(config, family: str):
     raise ValueError(f"no traced layer for family {family!r}")
 
 
+def cannot_trace(model: str, precision: str) -> str | None:
+    """Why one layer of this model cannot be traced at this precision; None if it can."""
+    if MODELS[model].family == "qwen2_moe" and precision == "fp32":
+        return "transformers' grouped_mm experts take bf16 only"
+    return None
+
+
 def layer_saved_bytes(model: str, precision: str, micro_batch: int, seq_len: int, overrides: dict | None = None,
                       device: str | None = None) -> dict:
     """Bytes autograd saves for one decoder layer, per token: {"per_token": float, "device": str, "tensors": n}.

@@ -70,20 +70,24 @@ class Batches:
             yield batch.to(c.device, non_blocking=True)
 
 
+def rank_chunks(val: np.ndarray, ctx: RunContext, samples: int, chunk: int):
+    """This data-parallel rank's validation rows (`samples` at most) as device tensors of `chunk` rows; whole chunks
+    only where the chunk is not the micro-batch (an engine that cannot take a short one: a pipeline)."""
+    per_rank = min(samples, len(val) // ctx.dp_size)
+    if chunk != ctx.micro_batch:
+        per_rank -= per_rank % chunk
+    mine = val[ctx.dp_rank::ctx.dp_size][:per_rank]
+    for i in range(0, per_rank, chunk):
+        yield torch.from_numpy(mine[i:i + chunk].astype(np.int64)).to(ctx.device)
+
+
 def evaluate(engine, val: np.ndarray, ctx: RunContext, samples: int) -> float:
     """Mean next-token loss over the same validation blocks for every strategy (`samples` per data-parallel rank,
     read in chunks of the strategy's micro-batch), averaged over ranks."""
-    chunk = engine.eval_chunk
-    per_rank = min(samples, len(val) // ctx.dp_size)
-    if chunk != ctx.micro_batch:  # whole chunks only where the engine cannot take a short one (a pipeline)
-        per_rank -= per_rank % chunk
     total = torch.zeros(2, device=ctx.device, dtype=torch.float64)
-    if per_rank > 0:
-        mine = val[ctx.dp_rank::ctx.dp_size][:per_rank]
-        with engine.eval_mode():
-            for i in range(0, per_rank, chunk):
-                tokens = torch.from_numpy(mine[i:i + chunk].astype(np.int64)).to(ctx.device)
-                total[0] += engine.forward_loss(tokens).double() * len(tokens)
-                total[1] += len(tokens)
+    with engine.eval_mode():
+        for tokens in rank_chunks(val, ctx, samples, engine.eval_chunk):
+            total[0] += engine.forward_loss(tokens).double() * len(tokens)
+            total[1] += len(tokens)
     dist.all_reduce(total)  # ranks along other dimensions add the same loss and count: the mean is unchanged
     return float(total[0] / total[1]) if total[1] > 0 else float("nan")

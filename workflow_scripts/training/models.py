@@ -58,6 +58,10 @@ class ModelSpec:
         """Routed experts per MoE layer; 0 for a dense model."""
         return int(self.shape.get("num_experts", 0) or 0)
 
+    def patches(self, image_size: int) -> int:
+        """A ViT's patches per image of that size (its sequence: these + the class token)."""
+        return (image_size // self.shape["patch_size"]) ** 2
+
     @property
     def block_matmul_params(self) -> int:
         """Weight elements one token passes through in one block's matmuls: attention projections and the MLP (a
@@ -254,9 +258,8 @@ def model_flops_per_token(name: str, n_params: int, seq_len: int, trainable: int
     tokens/s x flops_per_token = images/s x FLOPs per image."""
     spec = MODELS[name]
     if spec.family == "vit":
-        patches = (image_size(seq_len) // spec.shape["patch_size"]) ** 2
         per_image = vit_flops_per_image(n_params, n_params if trainable is None else trainable, spec.n_layer,
-                                        spec.d_model, patches)
+                                        spec.d_model, spec.patches(image_size(seq_len)))
         return per_image / seq_len
     return flops_per_token(n_params - spec.idle_expert_params, spec.n_layer, spec.d_model, seq_len)
 

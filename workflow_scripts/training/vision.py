@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from workflow_scripts.training.batches import rank_chunks
 from workflow_scripts.training.models import image_size
 
 
@@ -36,12 +37,9 @@ def forward_loss(module, rows: torch.Tensor, ctx) -> torch.Tensor:
 
 def accuracy(engine, val: np.ndarray, ctx, samples: int) -> float:
     """Top-1 accuracy over the same validation images for every strategy (`samples` per data-parallel rank)."""
-    per_rank = min(samples, len(val) // ctx.dp_size)
     counts = torch.zeros(2, device=ctx.device, dtype=torch.float64)
-    mine = val[ctx.dp_rank::ctx.dp_size][:per_rank]
     with engine.eval_mode():
-        for i in range(0, per_rank, ctx.micro_batch):
-            rows = torch.from_numpy(mine[i:i + ctx.micro_batch].astype(np.int64)).to(ctx.device)
+        for rows in rank_chunks(val, ctx, samples, ctx.micro_batch):
             pixels, labels = split(rows, param_dtype(engine.module))
             with ctx.precision.autocast(ctx.device.type):
                 logits = engine.module(pixel_values=pixels).logits
