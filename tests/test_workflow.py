@@ -68,6 +68,38 @@ def test_bad_config_is_one_error_naming_the_key(tmp_path, override, named):
     assert not (wd / "work").exists(), "no job may start"
 
 
+def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
+    """check_grad_overflow (the ZeRO-1/2 lever of BENCHMARKS.md) goes into DeepSpeed's bf16 section; a run without
+    one (fp32, bf16-mixed) is refused before any job, naming the option and the precision key."""
+    import torch
+
+    from workflow_scripts import config_check
+    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.layout import Layout
+    from workflow_scripts.training.precision import policy
+    from workflow_scripts.training.strategies import STRATEGIES as ALL
+
+    def ds_json(precision):
+        ctx = RunContext(rank=0, local_rank=0, local_world_size=1, device=torch.device("cpu"), platform="cpu",
+                         layout=Layout(dp=1), precision=policy(precision), micro_batch=4, accum=1, lr=1e-3,
+                         weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, grad_clip=1.0, seed=0, work_dir="/tmp",
+                         options={"check_grad_overflow": False, "reduce_bucket_size": 1000})
+        return ALL["zero2"].settings(ctx)["deepspeed_config"]
+
+    cfg = ds_json("bf16-pure")
+    assert cfg["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert "check_grad_overflow" not in cfg["zero_optimization"] and cfg["zero_optimization"]["reduce_bucket_size"]
+    with pytest.raises(ValueError, match=r"strategy_options.zero2.check_grad_overflow: .* \(this run: fp32\)"):
+        ds_json("fp32")
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["strategy_options"]["zero2"] = {"check_grad_overflow": False}
+    assert config_check.bf16_option_problems(config) == [
+        "strategy_options.zero2.check_grad_overflow: DeepSpeed has a bf16 section only under bf16-pure, but "
+        "train.precision is fp32"]
+    config["train"]["precision"] = "bf16-pure"
+    assert config_check.bf16_option_problems(config) == []
+
+
 def test_typos_at_every_level_are_listed_at_once_with_the_closest_key(tmp_path):
     wd = copy_workflow(tmp_path / "wf")
     typos = {"figures": {"dip": 100}, "train": {"fault_injection": {"oom_at": 3}, "micro_batch_size": 0},

@@ -15,6 +15,7 @@ from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import model_problems, run_problems, unimplemented
 from workflow_scripts.training.strategies import STRATEGIES
+from workflow_scripts.training.strategies._deepspeed import BF16_KEYS
 
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-pure")
@@ -46,7 +47,7 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
     found = (name_problems(config) + batch_problems(config) + layout_problems(config)
              + size_problems(config, devices) + data_problems(config) + bench_problems(config)
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
-             + data_kind_problems(config))
+             + data_kind_problems(config) + bf16_option_problems(config))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
 
 
@@ -153,6 +154,21 @@ def batch_problems(config: dict) -> list[str]:
             if samples and (steps <= 0 or samples % steps):
                 out.append(f"strategy_options.grad_accum.accum_steps: {steps} must divide {where}.micro_batch_size"
                            f" x grad_accum = {samples} to keep the effective batch")
+    return out
+
+
+def bf16_option_problems(config: dict) -> list[str]:
+    """DeepSpeed's bf16-section options (strategies/_deepspeed.BF16_KEYS) where a group's runs have that section."""
+    out = []
+    for i, g in enumerate(study.groups(config)):
+        precision = g.get("train", {}).get("precision", config["train"]["precision"])
+        for s in g["strategies"]:
+            keys = [k for k in BF16_KEYS if k in (config.get("strategy_options", {}).get(s) or {})]
+            has_section = precision == "bf16-pure" or (precision == "bf16-mixed" and s == "zeropp")
+            if keys and not has_section:
+                where = f"groups[{i}].train.precision" if "precision" in g.get("train", {}) else "train.precision"
+                out.append(f"strategy_options.{s}.{keys[0]}: DeepSpeed has a bf16 section only under bf16-pure, "
+                           f"but {where} is {precision}")
     return out
 
 

@@ -140,6 +140,10 @@ def zero3_compile_blocks(model: torch.nn.Module, mode: str) -> dict:
 
 
 TOP_LEVEL_KEYS = ("communication_data_type", "aio", "prescale_gradients", "gradient_predivide_factor")
+# keys of DeepSpeed's `bf16` section, which exists where DeepSpeed runs its own bf16 optimizer (bf16-pure; ZeRO++).
+# check_grad_overflow: false drops the per-tensor inf/NaN checks of its ZeRO-1/2 step (a host-bound part of it:
+# results/bench_harness/h100-zero2-profile) and with them the skip of a step whose gradients are not finite.
+BF16_KEYS = ("check_grad_overflow",)
 
 
 def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | None = None,
@@ -151,8 +155,14 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
     def config(ctx: RunContext) -> dict:
         options = {k: v for k, v in ctx.options.items() if k not in consumes}
         top = {**extra(ctx), **{k: options.pop(k) for k in TOP_LEVEL_KEYS if k in options}}
+        bf16 = {k: options.pop(k) for k in BF16_KEYS if k in options}
         fixed = zero(ctx) if callable(zero) else (zero or {})
-        return ds_config(ctx, {"stage": stage, **fixed, **options}, top)
+        cfg = ds_config(ctx, {"stage": stage, **fixed, **options}, top)
+        if bf16 and "bf16" not in cfg:
+            raise ValueError(f"strategy_options.{name}.{next(iter(bf16))}: DeepSpeed has a bf16 section only under "
+                             f"train.precision bf16-pure (this run: {ctx.precision.name})")
+        cfg.get("bf16", {}).update(bf16)
+        return cfg
 
     if stage == 3:
         strategy_kwargs.setdefault("compile_blocks", zero3_compile_blocks)
