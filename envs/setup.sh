@@ -26,3 +26,19 @@ fi
 python3 -m pip install -q "$(grep -E '^torch==' "$here/requirements.txt")"
 python3 -m pip install -q -r "$here/requirements.txt"
 python3 -c "import torch, deepspeed, snakemake; print('torch', torch.__version__, '| deepspeed', deepspeed.__version__)"
+# DeepSpeed's CPU ops (shared-memory collectives, cpu_adam, async_io) into this machine's op cache, once, as the
+# workflow's build_op stage does (workflow_scripts/training/build_ops.py): the first CPU study (and the test suite)
+# would otherwise compile them, ~5 min on two cores. A study's build_op jobs then find them built; a failed
+# build is only reported here (the study records it as the strategy's `unsupported` row, as before).
+ops_dir="$(mktemp -d)"
+for op in ShareMemCommBuilder CPUAdamBuilder AsyncIOBuilder; do
+  (cd "$here/.." && DS_ACCELERATOR=cpu python3 -m workflow_scripts.training.build_ops --op "$op" --platform cpu \
+     --out "$ops_dir/$op.json" > "$ops_dir/$op.log" 2>&1) &
+done
+wait
+OPS_DIR="$ops_dir" python3 - <<'PY'
+import json, os, pathlib
+for f in sorted(pathlib.Path(os.environ["OPS_DIR"]).glob("*.json")):
+    r = json.loads(f.read_text())
+    print(f"op {r['op']}: " + (f"built in {r['seconds']:.0f} s" if r["ok"] else f"not built ({r['error']})"))
+PY

@@ -39,7 +39,7 @@ def test_dry_run_plans_every_stage(tmp_path):
         assert counts[rule] == 1, rule
 
 
-@pytest.mark.parametrize("override, named", [
+BAD_CONFIGS = [
     ({"strategies": ["ddp", "zero9"]}, "strategies: unknown strategy 'zero9'"),
     ({"models": ["gpt5"]}, "models: unknown model 'gpt5'"),
     ({"world_sizes": [64]}, "world_sizes: 64 ranks per node"),
@@ -57,8 +57,40 @@ def test_dry_run_plans_every_stage(tmp_path):
      "groups[1].train.precision: gpt2-tiny trains under bf16-pure here and fp32 in groups[0]"),
     ({"strategy_options": {"ddp_overlap": {"bucket_cap": 100}}},
      "strategy_options.ddp_overlap.bucket_cap: unknown option"),
-])
-def test_bad_config_is_one_error_naming_the_key(tmp_path, override, named):
+    ({"strategy_options": {"zero2": {"check_grad_overflow": False}}},
+     "strategy_options.zero2.check_grad_overflow: DeepSpeed has a bf16 section only under bf16-pure, but "
+     "train.precision is fp32"),
+]
+
+
+def config_error(override: dict) -> str:
+    """What the workflow's config check (rules/common.smk: schema, defaults, config_check) says of config.yaml with
+    `override` merged in as a second --configfile is, in this process; "" if nothing."""
+    from snakemake.utils import update_config, validate
+
+    from workflow_scripts import config_check
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    update_config(config, override)
+    schema = str(REPO / "schemas/config.schema.yaml")
+    try:
+        config_check.check_schema(config, schema)
+        validate(config, schema=schema, set_default=True)
+        config_check.check(config)
+    except config_check.ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+@pytest.mark.parametrize("override, named", BAD_CONFIGS)
+def test_bad_config_is_one_error_naming_the_key(override, named):
+    found = config_error(override)
+    assert named in found and found.count("invalid study config") == 1
+
+
+@pytest.mark.parametrize("override, named", [BAD_CONFIGS[i] for i in (0, 4, 13)])
+def test_bad_config_stops_snakemake_before_any_job(tmp_path, override, named):
+    """The same check, as a user meets it: one error from `snakemake -n`, no job started."""
     wd = copy_workflow(tmp_path / "wf")
     (wd / "bad.yaml").write_text(yaml.safe_dump(override))
     done = snakemake(wd, "-n", "--configfile", "config.yaml", "bad.yaml", check=False)
@@ -91,13 +123,8 @@ def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
     assert "check_grad_overflow" not in cfg["zero_optimization"] and cfg["zero_optimization"]["reduce_bucket_size"]
     with pytest.raises(ValueError, match=r"strategy_options.zero2.check_grad_overflow: .* \(this run: fp32\)"):
         ds_json("fp32")
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
-    config["strategy_options"]["zero2"] = {"check_grad_overflow": False}
-    assert config_check.bf16_option_problems(config) == [
-        "strategy_options.zero2.check_grad_overflow: DeepSpeed has a bf16 section only under bf16-pure, but "
-        "train.precision is fp32"]
-    config["train"]["precision"] = "bf16-pure"
-    assert config_check.bf16_option_problems(config) == []
+    assert config_error({"strategy_options": {"zero2": {"check_grad_overflow": False}},
+                         "train": {"precision": "bf16-pure"}}) == ""
 
 
 def test_typos_at_every_level_are_listed_at_once_with_the_closest_key(tmp_path):
