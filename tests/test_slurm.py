@@ -117,9 +117,10 @@ def slurm_run(slurm_cluster, tmp_path_factory):  # noqa: F811 - the fixture impo
 def test_every_job_went_through_sbatch(slurm_run, slurm_cluster):  # noqa: F811
     wd, log = slurm_run
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
-    # corpus, tokenizer, tokenize, calibrate, calibration_figure, one train per strategy, parse, summary_table,
-    # figures (rule all runs nothing)
-    assert len(submitted) == 8 + len(STRATEGIES), log[-3000:]
+    # the profile's group prep (corpus, tokenizer, tokenize), calibrate, calibration_figure, one train per strategy,
+    # the group report (parse, summary_table, figures); rule all runs nothing
+    assert len(submitted) == 4 + len(STRATEGIES), log[-3000:]
+    assert sorted(re.findall(r"slurm_logs/group_(prep|report)_", log)) == ["prep", "report"], log[-3000:]
     assert set(submitted) <= set(slurm_cluster.job_ids())
     ctld_log = slurm_cluster.log("slurmctld")
     for job_id in submitted:
