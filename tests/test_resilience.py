@@ -32,14 +32,12 @@ def launcher_of(run_id: str):
     return None
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
+@pytest.mark.parametrize("strategy", ["zero2", "fsdp"])  # ddp: the workflow-kill test below
 def test_sigkilled_job_resumes_with_the_same_final_loss(default_study, strategy):
     """The default study's run of the strategy is the uninterrupted reference: the same training, checkpointed
     every 10 steps instead of 20 (saving a checkpoint does not touch the training), killed after its first one."""
     wd, work = default_study, f"work/resume_{strategy}"
-    steps = pd.read_csv(wd / "results/default/tables/steps.csv")
-    expected = steps[steps.strategy == strategy]
-    assert list(expected.step) == list(range(1, 41))
+    expected = default_losses(wd, strategy)
 
     args = overlay(wd, f"kill_{strategy}", results_dir=f"results/kill_{strategy}", work_dir=work,
                    strategies=[strategy], train={"checkpoint_every": 10})
@@ -64,6 +62,14 @@ def test_sigkilled_job_resumes_with_the_same_final_loss(default_study, strategy)
     assert resumed.loss.tolist() == pytest.approx(expected.loss.tolist(), abs=1e-6)
 
 
+def default_losses(wd, strategy: str) -> pd.DataFrame:
+    """The strategy's per-step losses in the default study (config.yaml: 40 steps, a checkpoint at step 20)."""
+    steps = pd.read_csv(wd / "results/default/tables/steps.csv")
+    expected = steps[steps.strategy == strategy]
+    assert list(expected.step) == list(range(1, 41))
+    return expected
+
+
 def ranks_of(marker: str) -> list:
     return [p for p in psutil.process_iter(["cmdline"])
             if "workflow_scripts.training.loop" in " ".join(p.info["cmdline"] or []) and marker in
@@ -72,10 +78,10 @@ def ranks_of(marker: str) -> list:
 
 def test_killing_the_workflow_leaves_no_rank_and_the_readme_rerun_resumes(default_study):
     """As a user stops a run: SIGKILL to Snakemake's process group. No rank may train on (torchrun starts them in
-    their own session); README's rerun (`--unlock`, then `--rerun-incomplete`) resumes from the checkpoint."""
+    their own session); README's rerun (`--unlock`, then `--rerun-incomplete`) resumes from the checkpoint with
+    the losses of the default study's uninterrupted DDP run (the same training)."""
     wd, work = default_study, "work/orphans"
-    args = overlay(wd, "orphans", results_dir="results/orphans", work_dir=work, strategies=["ddp"],
-                   train={"max_steps": 40, "checkpoint_every": 20, "log_every": 10})
+    args = overlay(wd, "orphans", results_dir="results/orphans", work_dir=work, strategies=["ddp"])
     sm = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "all", *args], cwd=wd,
                           start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = wd / work / "runs/gpt2-tiny/ddp/ws2/r0/ckpt/latest"
@@ -99,6 +105,7 @@ def test_killing_the_workflow_leaves_no_rank_and_the_readme_rerun_resumes(defaul
     steps = pd.read_csv(wd / "results/orphans/tables/steps.csv")
     assert runs.loc[0, "status"] == "ok" and runs.loc[0, "resumed_from_step"] >= 20
     assert list(steps.step) == list(range(1, 41))
+    assert steps.loss.tolist() == pytest.approx(default_losses(wd, "ddp").loss.tolist(), abs=1e-6)
 
 
 def test_out_of_memory_becomes_a_row_and_the_study_completes(default_study):
