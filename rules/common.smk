@@ -2,7 +2,6 @@
 import json
 import os
 
-from snakemake.utils import validate
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from workflow_scripts import columns, config_check, container_image, study
@@ -10,12 +9,10 @@ from workflow_scripts.report.report_hook import write_report_after_success
 from workflow_scripts.training.build_ops import export_extensions_dir
 from workflow_scripts.training.layout import Layout
 
-try:  # every violation at once, one line each, before Snakemake's validation fills the defaults
-    config_check.check_schema(
+try:
+    config_check.validate_study(
         config, os.path.join(workflow.basedir, "schemas/config.schema.yaml")
     )
-    validate(config, schema="../schemas/config.schema.yaml", set_default=True)
-    config_check.check(config)
 except config_check.ConfigError as exc:
     raise WorkflowError(str(exc)) from None
 

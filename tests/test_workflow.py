@@ -64,19 +64,16 @@ BAD_CONFIGS = [
 
 
 def config_error(override: dict) -> str:
-    """What the workflow's config check (rules/common.smk: schema, defaults, config_check) says of config.yaml with
-    `override` merged in as a second --configfile is, in this process; "" if nothing."""
-    from snakemake.utils import update_config, validate
+    """What the workflow's config check (config_check.validate_study, as rules/common.smk runs it) says of
+    config.yaml with `override` merged in as a second --configfile is, in this process; "" if nothing."""
+    from snakemake.utils import update_config
 
     from workflow_scripts import config_check
 
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     update_config(config, override)
-    schema = str(REPO / "schemas/config.schema.yaml")
     try:
-        config_check.check_schema(config, schema)
-        validate(config, schema=schema, set_default=True)
-        config_check.check(config)
+        config_check.validate_study(config, str(REPO / "schemas/config.schema.yaml"))
     except config_check.ConfigError as exc:
         return str(exc)
     return ""
@@ -105,7 +102,6 @@ def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
     one (fp32, bf16-mixed) is refused before any job, naming the option and the precision key."""
     import torch
 
-    from workflow_scripts import config_check
     from workflow_scripts.training.context import RunContext
     from workflow_scripts.training.layout import Layout
     from workflow_scripts.training.precision import policy

@@ -317,6 +317,16 @@ def check_schema(config: dict, schema_path: str) -> None:
         raise ConfigError("invalid study config:\n  " + "\n  ".join(found))
 
 
+def validate_study(config: dict, schema_path: str) -> None:
+    """The whole check of a study config, as rules/common.smk runs it: every schema violation at once (one line
+    each), then Snakemake's validation filling the defaults, then the checks that need them."""
+    from snakemake.utils import validate
+
+    check_schema(config, schema_path)
+    validate(config, schema=schema_path, set_default=True)
+    check(config)
+
+
 def check(config: dict, devices: int | None = None) -> None:
     found = problems(config, devices)
     if found:
