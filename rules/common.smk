@@ -28,13 +28,13 @@ if not USING_APPTAINER or config["torch_extensions_dir"] not in (None, "auto"):
 R = config["results_dir"]
 W = config["work_dir"]
 PLATFORM = config["platform"]
-RUN = f"{R}/runs/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}"  # layout: ws2, dp2-pp2-tp2, ...
+RUN = f"{R}/{columns.RUN_DIR}"  # layout: ws2, dp2-pp2-tp2, ...
 PROFILE = bool(config["profile"]["enabled"])
 # the training data every run reads: token blocks (rule tokenize) or image rows (rule images), same places
 DATA = {
     "train": f"{W}/data/train.npy",
     "val": f"{W}/data/val.npy",
-    "manifest": f"{R}/data/tokens_manifest.json",
+    "manifest": f"{R}/{columns.TOKENS_MANIFEST}",
 }
 # a run's raw profiler traces (config profile): study.trace_dir names the same directory in the run's spec
 TRACES = study.trace_dir(config, "{model}", "{strategy}", "{layout}", "{repeat}")
@@ -98,7 +98,7 @@ def all_outputs():
         [f"{R}/tables/claims.md", f"{R}/figures/claims.png"] if PUBLISHED_RUNS else []
     )
     return (
-        [f"{R}/tables/summary.md", f"{R}/tables/runs.csv"]
+        [f"{R}/tables/summary.md", f"{R}/{columns.RUNS_TABLE}"]
         + expand(f"{R}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"])
         + expand(f"{R}/figures/calibration.{{ext}}", ext=["png", "pdf"])
         + traced
@@ -204,3 +204,22 @@ def write_report():
     write_report_after_success(
         workflow, config, f"{R}/report.html", needs=f"{R}/tables/summary.md"
     )
+
+
+def committed_files(wildcards):
+    """The committed set's run table, calibration, data manifest and each run's spec, summary and provenance."""
+    against = config["verify"]["against"]
+    if not against:
+        return []
+    import glob
+
+    found = [
+        f"{against}/{columns.RUNS_TABLE}",
+        f"{against}/calibration/calibration.json",
+        f"{against}/{columns.TOKENS_MANIFEST}",
+        f"{against}/{columns.RUN_TO_RUN}",
+    ]
+    pattern = columns.RUN_DIR.format(model="*", strategy="*", layout="*", repeat="*")
+    for name in (columns.RUN_SPEC, columns.SUMMARY, columns.PROVENANCE):
+        found += glob.glob(f"{against}/{pattern}/{name}")
+    return sorted(p for p in found if os.path.exists(p))

@@ -24,9 +24,10 @@ rule summary_table:
         IMAGE
     params:
         style=json.dumps(config["tables"], sort_keys=True),
+        loss_tolerance=config["verify"]["tolerances"]["loss_abs"],  # the zero0 = ddp check
     shell:
-        "python3 -m workflow_scripts.report.tables --runs {input.runs} --style {params.style:q} --out-dir $(dirname {output.md}) "
-        "> {log} 2>&1"
+        "python3 -m workflow_scripts.report.tables --runs {input.runs} --style {params.style:q} "
+        "--loss-tolerance {params.loss_tolerance} --out-dir $(dirname {output.md}) > {log} 2>&1"
 
 
 rule figures:

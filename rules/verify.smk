@@ -1,11 +1,13 @@
-# Reproduction check, not part of `all`: the study's rows regenerated into its results_dir, compared with the
-# committed set in verify.against (workflow_scripts/report/verify.py).
-
-
-rule verify:
+# Reproduction check, not part of `all`: the study's rows regenerated into its results_dir (the committed runs'
+# decisions replayed: workflow_scripts/replay.py), compared with the committed set in verify.against
+# (workflow_scripts/report/verify.py). Every committed file the comparison reads is an input, so editing the
+# committed set compares again; target `verify` fails when a row is neither reproduced nor explained, and the
+# comparison's table stays.
+rule compare_with_committed:
     input:
         runs=rules.parse.output.runs,
         calibration=f"{R}/calibration/calibration.json",
+        committed=committed_files,
     output:
         csv=f"{R}/verify/reproduction.csv",
         md=report(
@@ -25,3 +27,17 @@ rule verify:
     shell:
         "python3 -m workflow_scripts.report.verify --rerun {params.rerun:q} --against {params.against:q} "
         "--tolerances {params.tolerances:q} --out-dir {params.out:q} > {log} 2>&1"
+
+
+rule verify:
+    input:
+        rules.compare_with_committed.output.csv,
+    output:
+        f"{R}/verify/passed",
+    log:
+        f"{R}/logs/verify_check.log",
+    container:
+        IMAGE
+    shell:  # bash's pipefail ends the job with verify's exit status: `passed` only when every run passed
+        "python3 -m workflow_scripts.report.verify --check {input} 2>&1 | tee {log}; "
+        "date -u +%FT%TZ > {output}"

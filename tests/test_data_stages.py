@@ -125,8 +125,35 @@ def test_chat_corpus_trains_on_the_answers_only(tmp_path):
 
     data = {"train": str(tmp_path / "train.npy"), "val": str(tmp_path / "val.npy"),
             "manifest": str(tmp_path / "tokens.json")}
-    spec = launch_spec(data, tmp_path, "sft", world_size=1, train={"max_steps": 12, "log_every": 3})
+    spec = launch_spec(data, tmp_path, "sft", world_size=1,  # deterministic: torch has such kernels for every op
+                       train={"max_steps": 12, "log_every": 3, "deterministic": True})
     subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(spec)], cwd=REPO,
                    check=True, capture_output=True, timeout=600)
     summary = json.loads((tmp_path / "sft/out/summary.json").read_text())
     assert summary["final_loss"] < summary["initial_loss"] - 1.0
+
+
+def test_damaged_token_files_stop_the_launcher_before_any_rank(token_data, tmp_path):
+    """The manifest holds each file's SHA-256: equal-size garbage or a file cut in half is one error naming the file
+    and the rule to rerun, and no rank starts (no metrics); the intact copy passes, its hash cached beside it."""
+    import shutil
+
+    from conftest import launch_spec
+    from workflow_scripts.training import launch
+
+    data = {k: str(tmp_path / f"{k}{'.json' if k == 'manifest' else '.npy'}") for k in ("train", "val", "manifest")}
+    for k in data:
+        shutil.copy(token_data[k], data[k])
+    spec = json.loads(launch_spec(data, tmp_path, "damaged").read_text())
+    assert launch.data_problems(spec) == [] and (tmp_path / "train.npy.sha256").exists()
+    size = (tmp_path / "train.npy").stat().st_size
+    with open(tmp_path / "train.npy", "r+b") as f:  # random token ids over the blocks, the header kept
+        f.seek(128)
+        f.write(np.random.default_rng(0).integers(0, 512, (size - 128) // 2, dtype=np.uint16).tobytes())
+    assert (tmp_path / "train.npy").stat().st_size == size
+    (problem,) = launch.data_problems(spec)
+    assert problem.startswith(f"{tmp_path / 'train.npy'}: SHA-256 differs") and "--forcerun tokenize" in problem
+    assert launch.launch(spec) == 1 and not (tmp_path / "damaged/out/metrics.csv").exists()
+    with open(tmp_path / "val.npy", "r+b") as f:
+        f.truncate((tmp_path / "val.npy").stat().st_size // 2)
+    assert "the file was cut or replaced" in launch.data_problems(spec)[1]

@@ -31,3 +31,16 @@ def test_frames_are_grouped_by_the_innermost_code_we_can_name():
     stack += frames("torch/optim/adam.py", "step")
     assert frame_group(stack) == "torch/optim/adam.py:step"
     assert frame_group([]) == "(no Python frame)"
+
+
+def test_the_diagnostic_refuses_what_it_would_crash(monkeypatch):
+    """PIPELINE_MEMORY_PEAK with compiled, checkpointed blocks is refused by name before any rank starts (it
+    crashed torch there); eager or uncheckpointed runs, CPU runs and runs without it are not."""
+    from workflow_scripts.measure.memory_peak import refused
+
+    spec = {"platform": "cuda", "train": {"gradient_checkpointing": True, "compile_blocks": True}}
+    assert refused(spec) is None
+    monkeypatch.setenv("PIPELINE_MEMORY_PEAK", "4")
+    assert refused(spec).startswith("PIPELINE_MEMORY_PEAK: ") and "train.compile_blocks: false" in refused(spec)
+    assert refused({**spec, "train": {"gradient_checkpointing": True, "compile_blocks": False}}) is None
+    assert refused({**spec, "platform": "cpu"}) is None

@@ -53,10 +53,32 @@ def test_the_study_calibrates_its_machine_before_the_timed_runs(default_study):
     assert json.loads(run.read_text())["machine"]["cpu_model"] == cal["machine"]["cpu_model"]
 
 
-def test_verify_says_whether_a_rerun_reproduced_and_why_not(default_study, tmp_path):
-    """The default study's own result set against copies of it: identical rows reproduce; a doctored copy (loss
-    changed, throughput halved) differs, unexplained; throughput halved on a machine whose calibration is half as
-    fast differs, explained."""
+def committed_copy(rerun, dest, runs_edit=None, speed_factor=1.0):
+    """A copy of a result set as if committed from another run: tables, calibration, data manifest, run files;
+    runs.csv edited by `runs_edit`, the calibration's CPU speed scaled by `speed_factor`."""
+    import json
+
+    import pandas as pd
+
+    for part in ("tables", "calibration", "data", "runs"):
+        shutil.copytree(rerun / part, dest / part)
+    runs = pd.read_csv(dest / "tables/runs.csv")
+    if runs_edit:
+        runs_edit(runs)
+    runs.to_csv(dest / "tables/runs.csv", index=False)
+    cal = json.loads((dest / "calibration/calibration.json").read_text())
+    for r in cal["rows"]:
+        if r["name"] == "cpu_single_thread":
+            r["value"] *= speed_factor
+    (dest / "calibration/calibration.json").write_text(json.dumps(cal))
+    return dest
+
+
+def test_verify_fails_on_every_kind_of_difference(default_study, tmp_path):
+    """The default study against doctored copies of itself: identical rows reproduce (a loss change equal to the
+    tolerance too: inclusive); a deleted row is `missing`, ok -> oom `status-changed`, loss +2e-3 and host memory
+    +20% on CPU differ, another precision is `settings-changed` naming the key; each makes the check exit 1.
+    Throughput halved on a machine whose calibration is half as fast differs, explained (exit 0)."""
     import json
 
     import pandas as pd
@@ -64,43 +86,62 @@ def test_verify_says_whether_a_rerun_reproduced_and_why_not(default_study, tmp_p
     from workflow_scripts.report import verify
 
     rerun = default_study / "results/default"
+    runs = pd.read_csv(rerun / "tables/runs.csv")
+    ok = runs[runs.status == "ok"].strategy.tolist()
+    first, second, third, fourth = ok[:4]
 
-    def committed(name, runs_edit=None, speed_factor=1.0):
-        d = tmp_path / name
-        shutil.copytree(rerun / "tables", d / "tables")
-        shutil.copytree(rerun / "calibration", d / "calibration")
-        runs = pd.read_csv(d / "tables/runs.csv")
-        if runs_edit:
-            runs_edit(runs)
-        runs.to_csv(d / "tables/runs.csv", index=False)
-        cal = json.loads((d / "calibration/calibration.json").read_text())
-        for r in cal["rows"]:
-            if r["name"] == "cpu_single_thread":
-                r["value"] *= speed_factor
-        (d / "calibration/calibration.json").write_text(json.dumps(cal))
-        return d
+    def row(strategy):
+        return runs.index[runs.strategy == strategy][0]
 
-    ok = (pd.read_csv(rerun / "tables/runs.csv").status == "ok").tolist()
-    same = verify.compare(rerun, committed("same"))
-    assert len(same) == len(ok) and (same.verdict[ok] == "reproduced").all()
-    assert (same.verdict[[not x for x in ok]] == "not compared").all()  # zeropp: unsupported on CPU
+    def doctor(r):
+        r.loc[row(first), "final_loss"] -= 2e-3  # the rerun's loss is then 2e-3 higher
+        r.loc[row(second), "peak_host_rss_bytes"] /= 1.2
+        r.loc[row(third), ["status", "reason"]] = ["oom", "injected"]
+        r.loc[row(ok[4]), "final_loss"] -= 1e-3  # exactly the tolerance
+        r.drop(index=row(ok[5]), inplace=True)
 
-    def doctor(runs):
-        runs.loc[0, "final_loss"] += 0.1
-        runs.loc[1, "tokens_per_s"] *= 2  # the rerun then runs at half the committed pace
+    committed = committed_copy(rerun, tmp_path / "doctored", doctor)
+    spec = committed / f"runs/{runs.model[0]}/{fourth}/ws2/r0/run_spec.json"
+    spec.write_text(json.dumps({**json.loads(spec.read_text()), "precision": "bf16-mixed"}))
+    table = verify.compare(rerun, committed).set_index("strategy")
+    assert table.loc[first, "verdict"] == "differs-unexplained" and table.loc[first, "why"] == "loss"
+    assert table.loc[second, "verdict"] == "differs-unexplained" and table.loc[second, "why"] == "memory"
+    assert table.loc[third, ["verdict", "why"]].tolist() == ["status-changed", "oom -> ok"]
+    assert table.loc[fourth, ["verdict", "why"]].tolist() == ["settings-changed", "precision: bf16-mixed -> fp32"]
+    assert table.loc[ok[4], "verdict"] == "reproduced"
+    assert table.loc[ok[5], ["verdict", "why"]].tolist() == ["missing", "only in the rerun"]
+    assert (table.drop(index=[first, second, third, fourth, ok[5]]).verdict == "reproduced").all()
+    verify.write(table.reset_index(), rerun, committed, tmp_path / "out")
+    assert verify.check(tmp_path / "out/reproduction.csv") == 1
 
-    doctored = verify.compare(rerun, committed("doctored", doctor)).set_index(["strategy"])
-    first, second = pd.read_csv(rerun / "tables/runs.csv").strategy[:2]
-    assert doctored.loc[first, "verdict"] == "differs-unexplained" and "loss" in doctored.loc[first, "why"]
-    assert doctored.loc[second, "why"] == "throughput" and doctored.loc[second, "throughput_ratio"] == 0.5
+    def faster(r):
+        r["tokens_per_s"] *= 2
 
-    def faster(runs):
-        runs["tokens_per_s"] *= 2
+    explained = verify.compare(rerun, committed_copy(rerun, tmp_path / "faster", faster, speed_factor=2.0))
+    assert (explained.verdict[explained.strategy.isin(ok)] == "differs-explained").all()
+    verify.write(explained, rerun, tmp_path / "faster", tmp_path / "out2")
+    assert verify.check(tmp_path / "out2/reproduction.csv") == 0
 
-    explained = verify.compare(rerun, committed("faster_machine", faster, speed_factor=2.0))
-    assert (explained.verdict[ok] == "differs-explained").all()
-    verify.write(explained, rerun, tmp_path / "faster_machine", tmp_path / "out")
-    assert "differs-explained" in (tmp_path / "out/reproduction.md").read_text()
+
+def test_verify_target_reruns_when_the_committed_set_changes_and_fails(default_study, tmp_path):
+    """`snakemake verify` against an unedited copy passes without retraining anything (the replayed decisions
+    equal the study's); after the committed runs.csv is edited it compares again and exits non-zero, the
+    table kept and printed."""
+    import pandas as pd
+
+    from conftest import snakemake
+
+    committed = committed_copy(default_study / "results/default", tmp_path / "committed")
+    target = ["verify", "--config", f"verify={{against: {committed}}}"]
+    done = snakemake(default_study, *target)
+    assert "rule train" not in done.stdout + done.stderr and "reproduced" in done.stdout
+    runs = pd.read_csv(committed / "tables/runs.csv")
+    runs.loc[0, "final_loss"] += 0.1
+    runs.to_csv(committed / "tables/runs.csv", index=False)
+    done = snakemake(default_study, *target, check=False)
+    assert done.returncode != 0 and "compare_with_committed" in done.stdout + done.stderr
+    md = (default_study / "results/default/verify/reproduction.md").read_text()
+    assert "differs-unexplained" in md and "neither reproduced nor explained" in done.stdout + done.stderr
 
 
 def test_verify_refuses_to_overwrite_the_committed_set(tmp_path):

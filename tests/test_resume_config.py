@@ -1,7 +1,8 @@
-"""A rerun resumes only a checkpoint of its own configuration: same settings -> it resumes and ends where an
-uninterrupted run ends; a changed setting (the learning rate) -> the old checkpoint is set aside, not loaded, and
-the run trains from step 0 under the new settings alone. The launcher is run directly (no Snakemake) on 2 CPU
-ranks; a fault injected after the first checkpoint stands in for a kill."""
+"""A rerun resumes only an intact checkpoint of its own configuration: same settings, the newest checkpoint damaged
+-> it resumes the one before and ends where an uninterrupted run ends, bit for bit; a changed setting (the learning
+rate) -> the old checkpoint is set aside, not loaded, and the run trains from step 0 under the new settings alone.
+The launcher is run directly (no Snakemake) on 2 CPU ranks; a fault injected after a checkpoint stands in for a kill.
+The choice among checkpoints on disk (checksums, the last two kept, what is set aside) is tested without ranks."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, launch_spec
+from workflow_scripts.training import checkpoint as ck
 
 
 def run_spec(token_data, tmp_path, name, work, **train):
@@ -39,14 +41,18 @@ def test_a_rerun_resumes_only_its_own_configuration(token_data, tmp_path):
     assert rc == 0, log
     clean, clean_losses = summary_and_losses(tmp_path, "clean")
 
-    killed = run_spec(token_data, tmp_path, "same", "w_same", fault_injection={"oom_at_step": 6})
-    rc, log = launch(killed)  # an `oom` row after the step-4 checkpoint
-    assert (tmp_path / "w_same/ckpt/latest").exists(), log
+    killed = run_spec(token_data, tmp_path, "same", "w_same", fault_injection={"oom_at_step": 10})
+    rc, log = launch(killed)  # an `oom` row after the step-4 and step-8 checkpoints
+    assert (tmp_path / "w_same/ckpt/latest").read_text() == "step_00000008", log
+    flip_bytes(tmp_path / "w_same/ckpt/step_00000008/ddp.pt")  # damaged in place: same size, other bytes
     rc, log = launch(run_spec(token_data, tmp_path, "same", "w_same"))
-    assert rc == 0 and "resume: resuming from step_00000004" in log, log
+    assert rc == 0 and "resume: resuming from step_00000004" in log and "step_00000008 damaged" in log, log
     same, same_losses = summary_and_losses(tmp_path, "same")
     assert same["resumed_from_step"] == 4
-    assert same_losses == pytest.approx(clean_losses, abs=1e-6)
+    assert same["checkpoint_fallback"] == ("step_00000008 damaged (checksum mismatch in ddp.pt), resumed from "
+                                           "step_00000004")
+    assert same_losses == clean_losses and clean["checkpoint_fallback"] is None
+    assert [p.name for p in (tmp_path / "w_same").glob("ckpt.damaged-*/*")] == ["step_00000008"]
 
     rc, log = launch(run_spec(token_data, tmp_path, "changed", "w_changed", fault_injection={"oom_at_step": 6}))
     assert (tmp_path / "w_changed/ckpt/latest").exists(), log
@@ -59,3 +65,49 @@ def test_a_rerun_resumes_only_its_own_configuration(token_data, tmp_path):
     assert changed_losses[0] == pytest.approx(clean_losses[0], abs=1e-6)  # step 1's loss comes before any update
     assert changed_losses[-1] != pytest.approx(clean_losses[-1], abs=1e-6)
     assert any(p.name.startswith("ckpt.superseded-") for p in (tmp_path / "w_changed").iterdir())
+
+
+def flip_bytes(path, at=0.5, n=64):
+    """Damage a file in place, as a bad disk or a torn copy might: n bytes inverted, the size unchanged."""
+    with open(path, "r+b") as f:
+        f.seek(int(path.stat().st_size * at))
+        chunk = f.read(n)
+        f.seek(-len(chunk), 1)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+
+
+def fake_checkpoint(ckpt_dir, step, config_hash="h"):
+    """What save_checkpoint leaves, without ranks: an engine file and state.json, published by rank 0's code."""
+    tmp = ckpt_dir / f"{ck.step_name(step)}.tmp"
+    (tmp / "shard").mkdir(parents=True)
+    (tmp / "shard/model.pt").write_bytes(bytes(range(256)) * 8)
+    (tmp / ck.STATE).write_text(json.dumps({"step": step, "rows": [], "config_hash": config_hash}))
+    ck.publish(tmp, ckpt_dir / ck.step_name(step))
+
+
+def test_checkpoints_on_disk_checksums_two_kept_and_fallback(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    fake_checkpoint(ckpt, 4)
+    (ckpt / "step_00000012.tmp").mkdir()  # a save killed half-way, before the rename
+    fake_checkpoint(ckpt, 8)
+    fake_checkpoint(ckpt, 12)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000008", "step_00000012"]
+    assert (ckpt / "latest").read_text() == "step_00000012" and ck.damage(ckpt / "step_00000012") is None
+
+    flip_bytes(ckpt / "step_00000012/shard/model.pt")
+    chosen = ck.choose_checkpoint(ckpt, "h")
+    assert chosen["path"] == str(ckpt / "step_00000008") and chosen["state"]["step"] == 8
+    assert chosen["fallback"] == ("step_00000012 damaged (checksum mismatch in shard/model.pt), resumed from "
+                                  "step_00000008")
+    assert (ckpt / "latest").read_text() == "step_00000008"
+    assert [p.name for p in tmp_path.glob("ckpt.damaged-*/*")] == ["step_00000012"]
+
+    (ckpt / "step_00000008/state.json").write_text("{}")  # all damaged: ckpt/ set aside whole, step 0
+    chosen = ck.choose_checkpoint(ckpt, "h")
+    assert chosen["path"] is None and "step_00000008 damaged (size mismatch in state.json)" in chosen["fallback"]
+    assert list(ckpt.iterdir()) == [] and len(list(tmp_path.glob("ckpt.damaged-*/step_00000008"))) == 1
+
+    fake_checkpoint(ckpt, 4, config_hash="other")  # another configuration: superseded, not damaged
+    chosen = ck.choose_checkpoint(ckpt, "h")
+    assert chosen["path"] is None and chosen["fallback"] is None and "not resuming step_00000004" in chosen["log"]
+    assert (tmp_path / "ckpt.superseded-other/step_00000004").is_dir()

@@ -34,7 +34,7 @@ def test_a_local_image_folder_goes_through_load_dataset_into_rows(tmp_path):
     for row, img in zip(train[:, 0], pixels):  # the class's own channel is saturated after resizing
         assert img[row].min() == 255
     again = images.build(params, 0.34, tmp_path / "t2.npy", tmp_path / "v2.npy", tmp_path / "m2.json")
-    assert again["sha256"] == m["sha256"]
+    assert again["files"]["train"]["sha256"] == m["files"]["train"]["sha256"]
 
 
 def test_the_offline_set_is_deterministic_and_balanced():

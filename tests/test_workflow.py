@@ -56,11 +56,28 @@ BAD_CONFIGS = [
                  {"models": ["gpt2-tiny"], "strategies": ["zero2"], "train": {"precision": "bf16-pure"}}]},
      "groups[1].train.precision: gpt2-tiny trains under bf16-pure here and fp32 in groups[0]"),
     ({"strategy_options": {"ddp_overlap": {"bucket_cap": 100}}},
-     "strategy_options.ddp_overlap.bucket_cap: unknown option"),
+     "strategy_options.ddp_overlap.bucket_cap: unknown key, did you mean bucket_cap_mb?"),
     ({"strategy_options": {"zero2": {"check_grad_overflow": False}}},
      "strategy_options.zero2.check_grad_overflow: DeepSpeed has a bf16 section only under bf16-pure, but "
      "train.precision is fp32"),
 ]
+# a strategy's options (DeepSpeed's against its own config models, DeepSpeedZeroConfig and its offload models) and
+# strategy names: a short error, the closest valid name for a typo (DeepSpeed's own error is 159 lines at run time)
+STRATEGY_TYPOS = [
+    ({"strategy_options": {"zero2": {"reduce_bucket_sise": 5}}},
+     "strategy_options.zero2.reduce_bucket_sise: unknown key, did you mean reduce_bucket_size?"),
+    ({"strategy_options": {"zero2_offload": {"offload_optimizer": {"device": "cpu", "devise": "cpu"}}}},
+     "strategy_options.zero2_offload.offload_optimizer.devise: unknown key, did you mean device?"),
+    ({"strategy_options": {"zero3": {"reduce_bucket_size": "big"}}},
+     "strategy_options.zero3.reduce_bucket_size: input should be a valid integer, unable to parse string as an "
+     "integer, got 'big'"),
+    ({"strategy_options": {"ddp_overlap": {"static_graf": True}}},
+     "strategy_options.ddp_overlap.static_graf: unknown key, did you mean static_graph?"),
+    ({"strategies": ["ddp", "zero_2"]}, "strategies: unknown strategy 'zero_2', did you mean zero2?"),
+    ({"strategy_options": {"zreo2": {"overlap_comm": True}}},
+     "strategy_options.zreo2: no such strategy, did you mean zero2?"),
+]
+BAD_CONFIGS += STRATEGY_TYPOS
 
 
 def config_error(override: dict) -> str:
@@ -83,6 +100,8 @@ def config_error(override: dict) -> str:
 def test_bad_config_is_one_error_naming_the_key(override, named):
     found = config_error(override)
     assert named in found and found.count("invalid study config") == 1
+    if (override, named) in STRATEGY_TYPOS:
+        assert len(found.splitlines()) <= 10, found
 
 
 @pytest.mark.parametrize("override, named", [BAD_CONFIGS[i] for i in (0, 4, 13)])
@@ -121,6 +140,18 @@ def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
         ds_json("fp32")
     assert config_error({"strategy_options": {"zero2": {"check_grad_overflow": False}},
                          "train": {"precision": "bf16-pure"}}) == ""
+
+
+def test_every_study_passes_the_strategy_option_check():
+    """The default config passes the whole check, and the strategy_options of it and of every study (overlays
+    included) pass their strategies' option check (DeepSpeed's: its own config models)."""
+    from workflow_scripts import config_check
+    from workflow_scripts.training.strategies import STRATEGIES as ALL
+
+    assert config_error({}) == ""
+    for path in [REPO / "config.yaml", *sorted((REPO / "studies").rglob("*.yaml"))]:
+        for s, options in (yaml.safe_load(path.read_text()).get("strategy_options") or {}).items():
+            assert s in ALL and config_check.option_problems(ALL[s], options) == [], (path.name, s)
 
 
 def test_typos_at_every_level_are_listed_at_once_with_the_closest_key(tmp_path):

@@ -3,6 +3,12 @@ names, the figure list. Files between stages are the contract; this module is wh
 """
 from __future__ import annotations
 
+# ---------------------------------------------------------------- where things are in a results_dir
+RUN_DIR = "runs/{model}/{strategy}/{layout}/r{repeat}"  # one run's directory (layout: ws2, dp2-pp2-tp2, ...)
+RUNS_TABLE = "tables/runs.csv"  # the parse stage's run table
+TOKENS_MANIFEST = "data/tokens_manifest.json"  # the data stage's manifest (token blocks or image rows)
+RUN_TO_RUN = "verify/run_to_run.json"  # a committed set's measured run-to-run spread (report/verify.py)
+
 # ---------------------------------------------------------------- one run's directory (training -> parse)
 SUMMARY = "summary.json"  # the run's row: trainer summary + sampler peaks + status
 TRAIN_SUMMARY = "train_summary.json"  # rank 0's summary, before the launcher merges the sampler's
@@ -12,6 +18,13 @@ SETTINGS = "strategy_settings.json"  # the exact DeepSpeed JSON / DDP / FSDP set
 PROVENANCE = "provenance.json"
 RUN_SPEC = "run_spec.json"
 OOM_MARKER = "oom_rank{rank}.json"
+# run spec keys that never change a number (where files go, how the run is observed, the data's paths: the data
+# itself counts by its manifest): which checkpoint a run may resume (training/checkpoint.resume_hash) and what a
+# verification rerun compares (replay.settings)
+SPEC_NOT_SETTINGS = ("run_id", "study", "out_dir", "work_dir", "sampler", "ops", "torch_extensions_dir",
+                     "substitutions", "profile", "trace_dir", "memory_guard", "data", "variant")
+TRAIN_NOT_SETTINGS = ("log_every", "checkpoint_every", "tensorboard", "fault_injection",
+                      "compile_auto")  # why auto decided: prose; the decided compile_blocks/compile_loss count
 
 # one row per optimizer step, written by the training loop
 METRIC_COLUMNS = ["step", "epoch", "loss", "lr", "step_time_s", "forward_s", "backward_s", "optimizer_s",

@@ -52,16 +52,18 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
 
 
 def verify_problems(config: dict) -> list[str]:
-    """verify.against is a result set, and not the one this study writes."""
+    """verify.against is a result set whose runs can be replayed, and not the one this study writes."""
+    from workflow_scripts import columns, replay
+
     against = (config.get("verify") or {}).get("against")
     if not against:
         return []
-    if not os.path.exists(os.path.join(against, "tables/runs.csv")):
-        return [f"verify.against: {against} has no tables/runs.csv (not a result set)"]
+    if not os.path.exists(os.path.join(against, columns.RUNS_TABLE)):
+        return [f"verify.against: {against} has no {columns.RUNS_TABLE} (not a result set)"]
     if os.path.abspath(against) == os.path.abspath(config["results_dir"]):
         return [f"verify.against: {against} is this study's results_dir: set results_dir to a new folder for the "
                 "rerun (the committed set is never overwritten)"]
-    return []
+    return replay.problems(against)
 
 
 def data_kind_problems(config: dict) -> list[str]:
@@ -118,24 +120,36 @@ def name_problems(config: dict) -> list[str]:
     where = "groups[].strategies" if config.get("groups") else "strategies"
     for s in study.all_names(config, "strategies"):
         if s not in STRATEGIES:
-            out.append(f"{where}: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
+            out.append(f"{where}: unknown strategy {s!r}, {did_you_mean(s, STRATEGIES)}")
     try:
         study.runs(config)
     except ValueError as exc:
         out.append(str(exc))
-    for s, options in config.get("strategy_options", {}).items():
+    for s, options in (config.get("strategy_options") or {}).items():
         if s not in STRATEGIES:
-            out.append(f"strategy_options.{s}: no such strategy")
-            continue
-        known = STRATEGIES[s].option_keys
-        for key in sorted(set(options or {}) - set(known if known is not None else options or {})):
-            out.append(f"strategy_options.{s}.{key}: unknown option (known: {', '.join(known) or 'none'})")
+            out.append(f"strategy_options.{s}: no such strategy, {did_you_mean(s, STRATEGIES)}")
+        else:
+            out += option_problems(STRATEGIES[s], options)
     for model, path in config.get("pretrained", {}).items():
         if model not in MODELS:
             out.append(f"pretrained.{model}: unknown model")
         elif _is_local(str(path)) and not os.path.exists(path):
             out.append(f"pretrained.{model}: {path!r} does not exist")
     return out
+
+
+def option_problems(strategy, options) -> list[str]:
+    """A strategy's `strategy_options` section: against the keys it takes (option_keys), or by its own check
+    (Strategy.option_problems: DeepSpeed's config models, training/strategies/_deepspeed.py)."""
+    where = f"strategy_options.{strategy.name}"
+    if options is None:
+        return []
+    if not isinstance(options, dict):
+        return [f"{where}: must be a mapping of option: value, got {options!r}"]
+    if strategy.option_problems is not None:
+        return strategy.option_problems(options)
+    known = strategy.option_keys
+    return [unknown_key(where, key, known) for key in sorted(options) if known is not None and key not in known]
 
 
 def batch_problems(config: dict) -> list[str]:
@@ -163,7 +177,8 @@ def bf16_option_problems(config: dict) -> list[str]:
     for i, g in enumerate(study.groups(config)):
         precision = g.get("train", {}).get("precision", config["train"]["precision"])
         for s in g["strategies"]:
-            keys = [k for k in BF16_KEYS if k in (config.get("strategy_options", {}).get(s) or {})]
+            options = (config.get("strategy_options") or {}).get(s)
+            keys = [k for k in BF16_KEYS if isinstance(options, dict) and k in options]
             has_section = precision == "bf16-pure" or (precision == "bf16-mixed" and s == "zeropp")
             if keys and not has_section:
                 where = f"groups[{i}].train.precision" if "precision" in g.get("train", {}) else "train.precision"
@@ -264,11 +279,16 @@ def dotted(path) -> str:
     return out
 
 
-def unknown_key(where: str, key: str, known) -> str:
+def did_you_mean(name: str, known) -> str:
+    """'did you mean <the closest known name>?', or the known names where none is close."""
     known = sorted(known)
-    hint = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
+    return f"did you mean {hint[0]}?" if hint else f"known: {', '.join(known) or 'none'}"
+
+
+def unknown_key(where: str, key: str, known) -> str:
     at = f"{where}.{key}" if where else key
-    return f"{at}: unknown key, " + (f"did you mean {hint[0]}?" if hint else f"known: {', '.join(known)}")
+    return f"{at}: unknown key, {did_you_mean(key, known)}"
 
 
 def describe(err) -> list[str]:

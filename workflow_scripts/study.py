@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from workflow_scripts import columns as C
+from workflow_scripts import replay
 from workflow_scripts.training import harness
 from workflow_scripts.training.context import micro_and_accum
 from workflow_scripts.training.layout import Layout
@@ -110,7 +112,7 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
         "sampler": config["sampler"],
         "substitutions": config["substitutions"],
         "data": {"train": f"{W}/data/train.npy", "val": f"{W}/data/val.npy",
-                 "manifest": f"{R}/data/tokens_manifest.json"},
+                 "manifest": f"{R}/{C.TOKENS_MANIFEST}"},
         "ops": list(ops),
         "out_dir": out_dir,
         "work_dir": work_dir,
@@ -124,8 +126,12 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
         spec["trace_dir"] = trace_dir(config, model, strategy, layout.key, repeat)
     # auto levers made true/false: the spec says what the run does (training/harness.py: the GPU fast path)
     micro, _ = micro_and_accum(spec)  # of one forward (grad_accum splits the micro-batch)
+    auto = [k for k, v in spec["train"].items() if v == replay.AUTO]
     spec["train"] = harness.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
                                     block_flops(config, model, micro, spec["layout"]))
+    against = (config.get("verify") or {}).get("against")
+    if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
+        spec["train"] = replay.decisions(spec, auto, against)
     # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
     spec["train"]["seed"] = config["train"]["seed"] + int(repeat)
     return spec

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workflow_scripts.data import checksum
 from workflow_scripts.data.corpus import read_records
 
 _TOKENIZER = None
@@ -117,7 +118,8 @@ def tokenize(corpus_jsonl: str, tokenizer_dir: str, block_size: int, val_fractio
                 "train_blocks": int(train.shape[0]), "val_blocks": int(val.shape[0]),
                 "train_tokens": int(train.size), "val_tokens": int(val.size),
                 "train_documents": len(train_texts), "val_documents": len(val_texts),
-                "val_fraction": val_fraction, "threads": threads, "loss_on": "response" if chat else "all"}
+                "val_fraction": val_fraction, "threads": threads, "loss_on": "response" if chat else "all",
+                checksum.KEY: checksum.entries({"train": out_train, "val": out_val})}
     if chat:
         manifest["chat_template"] = chat_template_source(tokenizer_dir)
         manifest["trained_token_fraction"] = float((train >= 0).mean())

@@ -6,15 +6,16 @@ Two facts, each from where it cannot be faked by the host:
     installed. A host has no such file.
   * the image's digest, from the image file Apptainer names in APPTAINER_CONTAINER: an OCI archive's manifest
     digest (containers/build.sh with podman; what `podman images --digests` calls the image after a load), else the
-    SHA-256 of the file (a SIF), computed once per file and kept beside it in <image>.sha256 where writable.
+    SHA-256 of the file (a SIF), computed once per change of the file (data/checksum.py: cached in <image>.sha256).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tarfile
 from pathlib import Path
+
+from workflow_scripts.data import checksum
 
 IMAGE_FACTS = Path("/opt/pipeline/image.json")
 
@@ -28,25 +29,7 @@ def oci_manifest_digest(path: str) -> str | None:
 
 
 def file_sha256(path: str) -> str:
-    stat = os.stat(path)
-    key = f"{stat.st_size}:{stat.st_mtime_ns}"
-    sidecar = Path(f"{path}.sha256")
-    try:
-        cached_key, digest = sidecar.read_text().split()
-        if cached_key == key:
-            return digest
-    except (OSError, ValueError):
-        pass
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    digest = f"sha256:{h.hexdigest()}"
-    try:
-        sidecar.write_text(f"{key} {digest}\n")
-    except OSError:
-        pass  # a read-only image directory: computed again next time
-    return digest
+    return f"sha256:{checksum.sha256(path)}"
 
 
 def image_digest(image: str | None) -> dict:

@@ -70,6 +70,19 @@ def replay(trace: list[dict], baseline: float, step_marks: list[int]) -> dict:
             + [{"group": k, "bytes": v[0], "blocks": v[1]} for k, v in ranked]}
 
 
+def refused(spec: dict) -> str | None:
+    """Why this diagnostic cannot record this run, checked by the launcher before any rank starts (a diagnostic
+    never changes or crashes training); None when it can, or is not asked for."""
+    if not os.environ.get(ENV) or spec["platform"] == "cpu":
+        return None
+    t = spec["train"]
+    if t.get("gradient_checkpointing") and t.get("compile_blocks") is True:
+        return (f"{ENV}: torch's allocator history with Python stacks crashes compiled, checkpointed blocks "
+                "(`SystemError: <built-in method apply of FunctionMeta object> returned NULL`, torch 2.11, H100): "
+                f"unset {ENV} for this run, or record it with train.compile_blocks: false (the eager peak)")
+    return None
+
+
 class MemoryPeak:
     """Around the step loop: `start()` after the peak statistics are reset, `step()` after every step."""
 

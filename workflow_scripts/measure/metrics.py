@@ -75,13 +75,14 @@ def median(values) -> float | None:
 
 def steady(rows: list[dict], checkpoint_every: int = 0) -> list[dict]:
     """The steps that measure training: not timing warm-up, and not the step right after a checkpoint save
-    (runs before the fix counted the save's time in that step)."""
+    (runs before the fix counted the save's time in that step). Empty when no step is left: warm-up steps never
+    stand in for timed ones."""
     def after_save(step: int) -> bool:
         return bool(checkpoint_every) and step > 1 and (step - 1) % checkpoint_every == 0
 
     out = [r for r in rows if not _true(r["warmup"]) and not _true(r.get("profiled"))
            and not after_save(int(r["step"]))]
-    return out or list(rows)
+    return out
 
 
 def _true(value) -> bool:
@@ -105,4 +106,6 @@ def timing(rows: list[dict], steps_per_epoch: int, world_size: int, flops_per_to
         "samples_per_s": sum(float(r["samples"]) for r in s) / total if total else None,
         "mfu": mfu(flops_per_token, tokens_per_s, world_size, device_name),
         "timed_steps": len(s),
+        "timing_note": None if s else (f"no timed step: all {len(rows)} steps are timing warm-up, profiled or "
+                                       "right after a checkpoint save (train.timing_warmup_steps, max_steps)"),
     }

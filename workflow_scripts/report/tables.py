@@ -240,6 +240,47 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     return table.iloc[order].reset_index(drop=True)
 
 
+def consistency(runs: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """Per (model, layout) of a strategy that must match another (Strategy.must_match, e.g. zero0 -> ddp): the
+    reference and the largest final-loss difference over the repeats both ran to `ok`, and whether it is within
+    the tolerance (inclusive)."""
+    from workflow_scripts.training.strategies import STRATEGIES
+
+    ok = runs[runs["status"] == "ok"].set_index(["model", "layout", "strategy", "repeat"])["final_loss"]
+    out = []
+    for name in sorted(set(runs["strategy"])):
+        reference = getattr(STRATEGIES.get(name), "must_match", None)
+        for (model, layout), _ in runs[runs["strategy"] == name].groupby(["model", "layout"]):
+            pairs = [(ok[k], ok[(model, layout, reference, k[3])]) for k in ok.index
+                     if k[:3] == (model, layout, name) and (model, layout, reference, k[3]) in ok.index]
+            diff = max((abs(a - b) for a, b in pairs), default=math.nan) if reference else math.nan
+            if reference:
+                out.append({"model": model, "layout": layout, "strategy": name, "consistency_reference": reference,
+                            "consistency_loss_diff": diff, "consistency_ok": bool(diff <= tolerance * (1 + 1e-9))
+                            if pairs else None, "consistency_tolerance": tolerance})
+    return pd.DataFrame(out, columns=KEYS + CONSISTENCY)
+
+
+CONSISTENCY = ["consistency_reference", "consistency_loss_diff", "consistency_ok", "consistency_tolerance"]
+
+
+def consistency_lines(summary: pd.DataFrame) -> list[str]:
+    """A footnote per consistency check: agrees, or a warning with the difference."""
+    lines = []
+    for _, row in summary[summary["consistency_reference"].notna()].iterrows():
+        where = f"{row['model']}, {layout_word(row['layout'], row['world_size'], row['platform'])}"
+        if row["consistency_ok"] is None or pd.isna(row["consistency_ok"]):
+            lines.append(f"Consistency check {row['strategy']} = {row['consistency_reference']} ({where}): not "
+                         "checked (no repeat where both ran to ok).")
+            continue
+        diff, tol = row["consistency_loss_diff"], row["consistency_tolerance"]
+        lines.append(f"Consistency check {row['strategy']} = {row['consistency_reference']} ({where}): final loss "
+                     f"differs by {diff:.2g} " + (f"(within {tol:g})." if row["consistency_ok"] else
+                                                  f"-- WARNING: beyond the tolerance {tol:g}: the two engines do "
+                                                  "not compute the same training here."))
+    return lines
+
+
 # ---------------------------------------------------------------- formatting
 EXTRA_DECIMALS = 0  # config `tables.extra_decimals`: added to every decimal count chosen from a value's size
 
@@ -349,7 +390,7 @@ def footnotes(summary: pd.DataFrame) -> list[str]:
     hidden = order_strategies(summary.loc[~summary["in_figures"].astype(bool), "strategy"])
     if hidden:
         lines.append(f"Left out of the figures (in the table only): {', '.join(hidden)}.")
-    return lines
+    return lines + consistency_lines(summary)
 
 
 def gpu_header(summary: pd.DataFrame) -> str:
@@ -483,12 +524,16 @@ def write_comparisons(runs: pd.DataFrame, summary: pd.DataFrame, path: Path) -> 
 
 
 # ---------------------------------------------------------------- CLI
-def write_all(runs_csv, out_dir, link_base=None) -> pd.DataFrame:
+def write_all(runs_csv, out_dir, link_base=None, loss_tolerance: float | None = None) -> pd.DataFrame:
+    """`loss_tolerance`: of the consistency checks (config verify.tolerances.loss_abs, its default if None)."""
+    from workflow_scripts import schema
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     link_base = Path(link_base) if link_base else Path(runs_csv).parent
     runs = read_runs(runs_csv)
-    summary = summarise(runs)
+    tolerance = schema.default("verify", "tolerances")["loss_abs"] if loss_tolerance is None else loss_tolerance
+    summary = summarise(runs).merge(consistency(runs, tolerance), on=KEYS, how="left")
     write_csv(summary, out_dir / "summary.csv")
     write_markdown(summary, out_dir / "summary.md", link_base)
     write_latex(summary, out_dir / "summary.tex", link_base)
@@ -504,10 +549,12 @@ def main(argv=None):
                     help="directory the `provenance` paths in runs.csv are relative to (default: runs.csv's folder); "
                          "links in summary.md/.tex are rewritten relative to --out-dir")
     ap.add_argument("--style", default="{}", help="the config's `tables` section as JSON (extra_decimals)")
+    ap.add_argument("--loss-tolerance", type=float, default=None,
+                    help="of the consistency checks (zero0 = ddp): config verify.tolerances.loss_abs")
     args = ap.parse_args(argv)
     global EXTRA_DECIMALS
     EXTRA_DECIMALS = int(json.loads(args.style).get("extra_decimals", 0))
-    summary = write_all(args.runs, args.out_dir, args.link_base)
+    summary = write_all(args.runs, args.out_dir, args.link_base, args.loss_tolerance)
     print(f"summary: {len(summary)} rows -> {args.out_dir}")
 
 

@@ -1,34 +1,54 @@
-"""Did a rerun reproduce a committed result set? (rule verify)
+"""Did a rerun reproduce a committed result set? (target verify)
 
     snakemake --cores all verify --configfile studies/<study>.yaml ... \\
         --config results_dir=results/<study>/<device>-rerun verify='{against: results/<study>/<device>}'
 
-The study runs as usual into its own results_dir (never the committed one), then every regenerated row that the
-committed set also has (same model, strategy, layout, repeat) is compared:
-- final loss difference (absolute), peak memory difference (relative; torch allocated on GPU, none on CPU),
-  throughput ratio (rerun / committed tokens/s);
-- the ratio the machines' calibrations predict: bf16 matmul TFLOP/s on GPU, single-thread CPU speed on CPU
-  (rule calibrate, in both sets; a committed set without calibration predicts nothing).
-Verdict per row: `reproduced` (loss, memory and throughput within `verify.tolerances`), `differs-explained`
-(loss and memory within, throughput off but within the tolerance of the calibration's prediction), else
-`differs-unexplained`, saying which measure differs. Writes reproduction.csv and reproduction.md.
+The study runs as usual into its own results_dir (never the committed one), replaying the committed runs'
+resolved decisions (workflow_scripts/replay.py), then every run of either set gets one verdict:
+
+  reproduced           same settings and status; loss, memory and throughput within `verify.tolerances`
+  differs-explained    loss and memory within; throughput off, but within the tolerance of what the two machines'
+                       calibrations predict (bf16 matmul TFLOP/s on GPU, single-thread CPU speed on CPU)
+  differs-unexplained  `why` names the measures that differ (loss, memory, throughput)
+  missing              in one set only (`why` says which)
+  status-changed       ok in one, oom / unsupported / failed in the other
+  settings-changed     the resolved settings differ (`why` lists `key: committed -> rerun`: train settings,
+                       precision, micro-batch split, torch / DeepSpeed / transformers / CUDA versions, data hash);
+                       the measures are shown but not judged: it is not the same run
+
+Measures: final training and validation loss (absolute difference); peak memory (relative: torch-allocated on
+GPU, the ranks' peak host RSS and the sampler's process peak on CPU); throughput (rerun / committed tokens/s).
+Every tolerance is inclusive. A committed set may record its run-to-run spread (`verify/run_to_run.json`: the
+largest loss, memory and throughput differences of two runs of the same rows on one machine, `--record-spread`);
+each replaces its `verify.tolerances` value where it is larger.
+
+`compare` writes reproduction.csv / .md; `--check` prints the table and exits 1 when any row is neither
+reproduced nor explained (the target fails, the table stays).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
 
+from workflow_scripts import columns as C
+from workflow_scripts import replay, schema
+
 KEYS = ["model", "strategy", "layout", "repeat"]
-DEFAULT_TOLERANCES = {"loss_abs": 1e-3, "memory_rel": 0.05, "throughput_rel": 0.10}
+PASSING = ("reproduced", "differs-explained")
+MEMORY = {"gpu": ["peak_allocated_bytes"], "cpu": ["peak_host_rss_bytes", "sampler_peak_process_bytes"]}
+LOSSES = ["final_loss", "val_loss_final"]
+EPS = 1e-9  # tolerances are inclusive: a difference equal to one passes whatever the float rounding
 
 
 def rows(results_dir: Path) -> pd.DataFrame:
-    runs = pd.read_csv(results_dir / "tables/runs.csv")
+    runs = pd.read_csv(results_dir / C.RUNS_TABLE)
     if "layout" not in runs:  # tables older than layouts: pure data parallel
         runs["layout"] = "ws" + runs["world_size"].astype(str)
+    runs["repeat"] = runs["repeat"].astype(int)
     return runs.set_index(KEYS)
 
 
@@ -44,68 +64,164 @@ def calibration_speed(results_dir: Path) -> tuple[float | None, str]:
     return cal.get("cpu_single_thread"), "single-thread CPU speed"
 
 
+def recorded_tolerances(committed: Path, tol: dict) -> tuple[dict, str]:
+    """The tolerances with the committed set's recorded run-to-run spread (C.RUN_TO_RUN: loss_abs, memory_rel,
+    throughput_rel) where it is larger; and where they came from."""
+    path = committed / C.RUN_TO_RUN
+    if not path.exists():
+        return tol, "verify.tolerances"
+    spread = json.loads(path.read_text())
+    wider = {k: float(spread[k]) for k in tol if spread.get(k) is not None and float(spread[k]) > tol[k]}
+    return {**tol, **wider}, (f"verify.tolerances; run-to-run spread of {path} for {', '.join(sorted(wider))}"
+                              if wider else "verify.tolerances")
+
+
+def spread(table: pd.DataFrame, how: str) -> dict:
+    """C.RUN_TO_RUN from a comparison of two runs of the same rows on one machine: the largest difference of each
+    measure (rows whose settings or status differ are not a spread)."""
+    same = table[table["verdict"].isin(["reproduced", "differs-explained", "differs-unexplained"])]
+    if same.empty:
+        raise SystemExit("verify: no row of the comparison has the same settings and status in both sets")
+
+    def largest(values) -> float:
+        return float(pd.concat(values).abs().max())
+
+    return {"loss_abs": largest([same["final_loss_diff"], same["val_loss_diff"]]),
+            "memory_rel": largest([same["peak_memory_rel_diff"]]),
+            "throughput_rel": largest([same["throughput_ratio"] - 1.0]), "rows": len(same), "how": how}
+
+
+def within(diff, tol: float) -> bool:
+    return diff is not None and abs(diff) <= tol * (1 + EPS) + 1e-12
+
+
+def number(value) -> float | None:
+    """A table cell as a number: the largest value of a per-device JSON mapping (the sampler's process peak)."""
+    if isinstance(value, str) and value.startswith("{"):
+        found = [v for v in json.loads(value).values() if v is not None]
+        return float(max(found)) if found else None
+    return None if value is None or pd.isna(value) else float(value)
+
+
 def relative(new, old) -> float | None:
-    return None if pd.isna(new) or pd.isna(old) or not old else float(new) / float(old) - 1.0
+    new, old = number(new), number(old)
+    return None if new is None or old is None or not old else new / old - 1.0
 
 
-def verdict(loss_diff, memory_diff, ratio, predicted, tol: dict) -> tuple[str, str]:
-    off = []
-    if loss_diff is None or abs(loss_diff) > tol["loss_abs"]:
-        off.append("loss")
-    if memory_diff is not None and abs(memory_diff) > tol["memory_rel"]:
-        off.append("memory")
-    speed_ok = ratio is not None and abs(ratio - 1.0) <= tol["throughput_rel"]
+def absolute(new, old) -> float | None:
+    return None if pd.isna(new) or pd.isna(old) else float(new) - float(old)
+
+
+def worst(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present, key=abs) if present else None
+
+
+def measures(n: pd.Series, o: pd.Series) -> dict:
+    gpu = str(n.get("platform", "cpu")).lower() != "cpu"
+    ratio = (None if pd.isna(n.get("tokens_per_s")) or pd.isna(o.get("tokens_per_s")) or not o["tokens_per_s"]
+             else float(n["tokens_per_s"] / o["tokens_per_s"]))
+    return {"final_loss_diff": worst(absolute(n.get(c), o.get(c)) for c in LOSSES[:1]),
+            "val_loss_diff": worst(absolute(n.get(c), o.get(c)) for c in LOSSES[1:]),
+            "peak_memory_rel_diff": worst(relative(n.get(c), o.get(c)) for c in MEMORY["gpu" if gpu else "cpu"]),
+            "throughput_ratio": ratio}
+
+
+def judge(m: dict, predicted: float | None, tol: dict) -> tuple[str, str]:
+    off = [name for name, value, limit in (("loss", m["final_loss_diff"], tol["loss_abs"]),
+                                           ("validation loss", m["val_loss_diff"], tol["loss_abs"]),
+                                           ("memory", m["peak_memory_rel_diff"], tol["memory_rel"]))
+           if value is not None and not within(value, limit)]
+    if m["final_loss_diff"] is None:
+        off.append("loss (missing)")
+    ratio = m["throughput_ratio"]
+    speed_ok = ratio is not None and within(ratio - 1.0, tol["throughput_rel"])
     if not off and speed_ok:
         return "reproduced", ""
-    if not off and ratio is not None and predicted and abs(ratio / predicted - 1.0) <= tol["throughput_rel"]:
+    if not off and ratio is not None and predicted and within(ratio / predicted - 1.0, tol["throughput_rel"]):
         return "differs-explained", f"throughput x{ratio:.2f}, calibration predicts x{predicted:.2f}"
     return "differs-unexplained", ", ".join(off + ([] if speed_ok else ["throughput"]))
 
 
+def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committed: Path, predicted, tol) -> dict:
+    out = dict(zip(KEYS, key))
+    if key not in old.index or key not in new.index:
+        return {**out, "verdict": "missing", "why": f"only in the {'rerun' if key in new.index else 'committed set'}"}
+    n, o = new.loc[key], old.loc[key]
+    changed = replay.settings_diff(replay.run_settings(committed, *key), replay.run_settings(rerun, *key))
+    m = measures(n, o) if n["status"] == o["status"] == "ok" else {}
+    if changed:
+        return {**out, **m, "verdict": "settings-changed", "why": "; ".join(changed)}
+    if n["status"] != o["status"]:
+        return {**out, "verdict": "status-changed", "why": f"{o['status']} -> {n['status']}"}
+    if n["status"] != "ok":
+        return {**out, "verdict": "reproduced", "why": f"{n['status']} in both"}
+    word, why = judge(m, predicted, tol)
+    return {**out, **m, "verdict": word, "why": why}
+
+
 def compare(rerun: Path, committed: Path, tolerances: dict | None = None) -> pd.DataFrame:
-    tol = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+    tol = {**schema.default("verify", "tolerances"), **(tolerances or {})}
+    tol, source = recorded_tolerances(committed, tol)
     new, old = rows(rerun), rows(committed)
     (speed_new, measure), (speed_old, _) = calibration_speed(rerun), calibration_speed(committed)
     predicted = speed_new / speed_old if speed_new and speed_old else None
-    out = []
-    for key in [k for k in new.index if k in old.index]:  # the rerun's order
-        n, o = new.loc[key], old.loc[key]
-        if n["status"] != "ok" or o["status"] != "ok":
-            out.append({**dict(zip(KEYS, key)), "verdict": "not compared", "why": f"status {n['status']} / {o['status']}"})
-            continue
-        loss = None if pd.isna(n["final_loss"]) or pd.isna(o["final_loss"]) else float(n["final_loss"] - o["final_loss"])
-        gpu = str(n.get("platform", "cpu")).lower() != "cpu"
-        memory = relative(n["peak_allocated_bytes"], o["peak_allocated_bytes"]) if gpu else None
-        ratio = None if pd.isna(n["tokens_per_s"]) or pd.isna(o["tokens_per_s"]) else n["tokens_per_s"] / o["tokens_per_s"]
-        word, why = verdict(loss, memory, ratio, predicted, tol)
-        out.append({**dict(zip(KEYS, key)), "final_loss_diff": loss, "peak_memory_rel_diff": memory,
-                    "throughput_ratio": ratio, "calibration_ratio": predicted, "calibration_measure": measure,
-                    "verdict": word, "why": why})
-    return pd.DataFrame(out)
+    keys = list(old.index) + [k for k in new.index if k not in old.index]  # the committed set's order first
+    table = pd.DataFrame([row_verdict(k, new, old, rerun, committed, predicted, tol) for k in keys])
+    table["calibration_ratio"], table["calibration_measure"] = predicted, measure
+    table.attrs["tolerances"] = {**tol, "source": source}
+    return table
+
+
+def failing(table: pd.DataFrame) -> pd.DataFrame:
+    return table[~table["verdict"].isin(PASSING)]
 
 
 def write(table: pd.DataFrame, rerun: Path, committed: Path, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     table.to_csv(out_dir / "reproduction.csv", index=False)
     counts = table["verdict"].value_counts().to_dict() if len(table) else {}
-    head = (f"Reproduction of `{committed}` by `{rerun}`: " + (", ".join(f"{v} {k}" for k, v in counts.items())
-                                                                 or "no row in common") + "\n\n")
+    tol = table.attrs.get("tolerances") or {}
+    head = (f"Reproduction of `{committed}` by `{rerun}`: "
+            + (", ".join(f"{v} {k}" for k, v in counts.items()) or "no run in either set") + "\n\n"
+            + (f"Tolerances (inclusive; {tol['source']}): loss {tol['loss_abs']:g}, memory "
+               f"{tol['memory_rel']:.1%}, throughput {tol['throughput_rel']:.1%}.\n\n" if tol else ""))
     (out_dir / "reproduction.md").write_text(head + (table.to_markdown(index=False, floatfmt=".4g") + "\n"
                                                      if len(table) else ""))
 
 
+def check(csv: Path) -> int:
+    """The target's verdict: 0 when every row is reproduced or explained, else 1 with the rows that are not."""
+    table = pd.read_csv(csv)
+    bad = failing(table)
+    print((csv.with_suffix(".md")).read_text())
+    if len(bad):
+        print(f"verify: {len(bad)} of {len(table)} runs neither reproduced nor explained:\n"
+              + bad[KEYS + ["verdict", "why"]].to_string(index=False), file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rerun", required=True, help="the regenerated results_dir")
-    ap.add_argument("--against", required=True, help="the committed results_dir")
+    ap.add_argument("--rerun", help="the regenerated results_dir")
+    ap.add_argument("--against", help="the committed results_dir")
     ap.add_argument("--tolerances", default="{}", help="JSON: loss_abs, memory_rel, throughput_rel")
-    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--out-dir")
+    ap.add_argument("--check", help="a reproduction.csv: print it, exit 1 unless every row passes")
+    ap.add_argument("--record-spread", metavar="CSV", help="a reproduction.csv of two runs of the same rows on one "
+                    "machine: write its largest differences as --against's verify/run_to_run.json")
+    ap.add_argument("--how", default="", help="with --record-spread: how the two runs were made")
     a = ap.parse_args(argv)
-    if not a.against:
-        raise SystemExit("verify.against: not set: name the committed results_dir to compare with")
+    if a.check:
+        sys.exit(check(Path(a.check)))
+    if a.record_spread:
+        (Path(a.against) / C.RUN_TO_RUN).parent.mkdir(parents=True, exist_ok=True)
+        (Path(a.against) / C.RUN_TO_RUN).write_text(json.dumps(spread(pd.read_csv(a.record_spread), a.how), indent=2))
+        return
     rerun, committed = Path(a.rerun), Path(a.against)
-    if not (committed / "tables/runs.csv").exists():
-        raise SystemExit(f"verify.against: {committed} has no tables/runs.csv (not a result set)")
+    if not (committed / C.RUNS_TABLE).exists():
+        raise SystemExit(f"verify.against: {committed} has no {C.RUNS_TABLE} (not a result set)")
     table = compare(rerun, committed, json.loads(a.tolerances))
     write(table, rerun, committed, Path(a.out_dir))
     print((Path(a.out_dir) / "reproduction.md").read_text())

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from workflow_scripts import columns as C
+from workflow_scripts.training import workflow_watch
 
 
 def _header_only(path: Path, columns: list[str]) -> None:
@@ -121,6 +122,10 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
     env = environment(spec)
     started = time.time()
     lead = node_rank == 0
+    refused = preflight_problems(spec)
+    if refused:
+        print("launch: not started:\n  " + "\n  ".join(refused), file=sys.stderr, flush=True)
+        return 1
     ctx = from_spec(spec)  # rank 0's view, before any rank starts
 
     reason = unsupported_reason(spec, ctx)
@@ -137,6 +142,7 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
     cmd = torchrun_command(spec, spec_path, nnodes, node_rank, endpoint)
     print("launch:", " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, env=env)
+    workflow_watch.watch(lambda why: stop_orphaned(proc, why))
     node_csv = out_dir / C.VRAM if lead else out_dir / f"vram_node{node_rank}.csv"
     sampler = None
     try:
@@ -150,6 +156,31 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
     if not lead:
         return rc
     return write_result(spec, ctx, rc, sampled, started, time.time())
+
+
+def preflight_problems(spec: dict) -> list[str]:
+    """Why no rank may start: damaged data files, a diagnostic that would crash this run."""
+    from workflow_scripts.measure.memory_peak import refused
+
+    return data_problems(spec) + [why for why in [refused(spec)] if why]
+
+
+def data_problems(spec: dict) -> list[str]:
+    """The run's data files against the SHA-256 in their manifest (data/checksum.py), before any rank starts."""
+    from workflow_scripts.data import checksum
+
+    manifest = Path(spec["data"]["manifest"])
+    images = manifest.exists() and json.loads(manifest.read_text()).get("kind") == "images"
+    return checksum.problems(spec["data"], f"regenerate it with `snakemake --cores all --forcerun "
+                                           f"{'images' if images else 'tokenize'}`")
+
+
+def stop_orphaned(proc: subprocess.Popen, why: str) -> None:
+    """The workflow that started this job died: kill torchrun (its ranks die with it) and leave; the sampler
+    stops when this process's pipe to it closes (training/workflow_watch.py)."""
+    print(f"launch: stopping the run: the workflow that started it died ({why})", flush=True)
+    proc.kill()
+    os._exit(1)
 
 
 def predicted_oom(spec: dict, ctx) -> str | None:

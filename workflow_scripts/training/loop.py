@@ -36,7 +36,7 @@ from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.memory_peak import MemoryPeak
 from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
-from workflow_scripts.training import harness, vision
+from workflow_scripts.training import determinism, harness, vision
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import RunContext, init_distributed
@@ -94,6 +94,7 @@ def setup(spec: dict) -> Run:
     """Join the process group, build the model (seeded), apply the harness levers, write the exact strategy
     settings (rank 0) and wrap the model in the strategy's engine."""
     t = spec["train"]
+    deterministic = determinism.apply(t)  # before any CUDA work: cuBLAS reads its workspace setting once
     ctx = init_distributed(spec)
     strategy = get_strategy(spec["strategy"])
     out_dir, ckpt_dir = Path(spec["out_dir"]), Path(spec["work_dir"]) / "ckpt"
@@ -112,7 +113,7 @@ def setup(spec: dict) -> Run:
         ctx.forward_loss = vision.forward_loss
     if t["gradient_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    levers = harness.apply(model, t, strategy)
+    levers = {**harness.apply(model, t, strategy), **deterministic}
     ctx.loss_fn = harness.loss_function(t)
     if ctx.rank == 0:
         settings = {**strategy.settings(ctx), "layout": ctx.layout.degrees(), "harness": levers}
@@ -202,8 +203,8 @@ def train(spec: dict) -> dict | None:
     run = setup(spec)
     ctx, engine, t = run.ctx, run.engine, run.t
     config_hash = resume_hash(spec)
-    state = (load_checkpoint(engine, run.ckpt_dir, config_hash, ctx.rank)
-             or {"step": 0, "rows": [], "val_loss_initial": None})
+    state, fallback = load_checkpoint(engine, run.ckpt_dir, config_hash, ctx.rank)
+    state = state or {"step": 0, "rows": [], "val_loss_initial": None}
     resumed_from = state["step"] if state["step"] else None
     val_initial = state["val_loss_initial"]
     if val_initial is None:
@@ -241,7 +242,8 @@ def train(spec: dict) -> dict | None:
                 log.flush()
                 save_checkpoint(engine, run.ckpt_dir, done,
                                 {"step": done, "rows": log.rows, "val_loss_initial": val_initial,
-                                 "val_accuracy_initial": run.accuracy.get("initial"), "config_hash": config_hash},
+                                 "val_accuracy_initial": run.accuracy.get("initial"), "config_hash": config_hash,
+                                 "checkpoint_fallback": fallback},
                                 ctx.rank)
                 log.untimed_gap()
     log.flush()
@@ -250,7 +252,7 @@ def train(spec: dict) -> dict | None:
     if run.vision:
         run.accuracy["final"] = vision.accuracy(engine, run.val, ctx, run.eval_samples)
     log.close(val_final)
-    return finish(run, log.rows, (val_initial, val_final), resumed_from)
+    return finish(run, log.rows, (val_initial, val_final), resumed_from, fallback)
 
 
 def gather_memory(ctx: RunContext) -> list[list[float]]:
@@ -265,13 +267,15 @@ def gather_memory(ctx: RunContext) -> list[list[float]]:
     return torch.stack(gathered).tolist()
 
 
-def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_from: int | None) -> dict | None:
+def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_from: int | None,
+           fallback: str | None = None) -> dict | None:
     """Gather memory, write metrics.csv and train_summary.json (rank 0), drop the run's checkpoints."""
     memory = gather_memory(run.ctx)
     summary = None
     if run.ctx.rank == 0:
         summary = summarise(run, rows, val_losses, memory)
         summary["resumed_from_step"] = resumed_from
+        summary["checkpoint_fallback"] = fallback  # a damaged checkpoint skipped on resume: which, and why
         write_metrics(run.out_dir / C.METRICS, rows)
         (run.out_dir / C.TRAIN_SUMMARY).write_text(json.dumps(summary, indent=2))
     dist.barrier()

@@ -146,26 +146,128 @@ TOP_LEVEL_KEYS = ("communication_data_type", "aio", "prescale_gradients", "gradi
 BF16_KEYS = ("check_grad_overflow",)
 
 
+def split_options(options: dict, consumes: tuple = ()) -> tuple[dict, dict, dict]:
+    """The user's `strategy_options.<name>` by where DeepSpeed reads them: (its top level, its bf16 section,
+    zero_optimization). The keys in `consumes` are the strategy's own (e.g. nvme_path) and go to none."""
+    rest = {k: v for k, v in options.items() if k not in consumes}
+    top = {k: rest.pop(k) for k in TOP_LEVEL_KEYS if k in rest}
+    bf16 = {k: rest.pop(k) for k in BF16_KEYS if k in rest}
+    return top, bf16, rest
+
+
+def check_context(options: dict) -> RunContext:
+    """A stand-in run context for checking options before any job: what a strategy's fixed zero keys are computed
+    from (CPU, one rank, a placeholder work_dir), with `options` as its section of strategy_options."""
+    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.layout import Layout
+    from workflow_scripts.training.precision import policy
+
+    return RunContext(rank=0, local_rank=0, local_world_size=1, device=torch.device("cpu"), platform="cpu",
+                      layout=Layout(dp=1), precision=policy("fp32"), micro_batch=1, accum=1, lr=1e-3,
+                      weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, grad_clip=1.0, seed=0, work_dir="work",
+                      options=dict(options))
+
+
+def _keys(model) -> dict:
+    """Every key a pydantic model accepts, its fields' names and aliases, -> the field."""
+    out = {}
+    for name, f in model.model_fields.items():
+        out[name] = f
+        if f.alias:
+            out[f.alias] = f
+    return out
+
+
+def _submodel(field):
+    """The pydantic model a field holds (X or Optional[X]), or None."""
+    import typing
+
+    import pydantic
+
+    for t in (field.annotation, *typing.get_args(field.annotation)):
+        if isinstance(t, type) and issubclass(t, pydantic.BaseModel):
+            return t
+    return None
+
+
+def model_problems(where: str, model, data: dict) -> list[str]:
+    """`data` validated by DeepSpeed's pydantic `model` (extra keys forbidden): one line per error, naming
+    `where.<dotted key>` as the user wrote it, with the closest key for an unknown one."""
+    import pydantic
+
+    from workflow_scripts.config_check import unknown_key
+
+    try:
+        model(**data)
+        return []
+    except pydantic.ValidationError as exc:
+        errors = exc.errors()
+    out = []
+    for e in errors:
+        owner, parts = model, []
+        for part in e["loc"][:-1]:
+            parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+            field = _keys(owner).get(part) if owner is not None and isinstance(part, str) else None
+            owner = _submodel(field) if field is not None else None
+        at = where + "".join(parts)
+        if e["type"] == "extra_forbidden" and owner is not None:
+            out.append(unknown_key(at, e["loc"][-1], _keys(owner)))
+            continue
+        if e["loc"]:
+            last = e["loc"][-1]
+            at += f"[{last}]" if isinstance(last, int) else f".{last}"
+        message = e["msg"][:1].lower() + e["msg"][1:]
+        if e["loc"] and not isinstance(e.get("input"), dict):
+            got = repr(e.get("input"))
+            message += f", got {got if len(got) <= 60 else got[:57] + '...'}"
+        out.append(f"{at}: {message}")
+    return out
+
+
 def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | None = None,
                        extra=lambda ctx: {}, consumes: tuple = (), **strategy_kwargs) -> Strategy:
     """A ZeRO strategy. `zero`: its fixed zero_optimization keys (or a function of the context); `extra`: its
     fixed top-level keys. The user's `strategy_options.<name>` override both: TOP_LEVEL_KEYS go to the top level,
-    the keys in `consumes` are the strategy's own (e.g. nvme_path), everything else into zero_optimization."""
+    BF16_KEYS to the bf16 section, the keys in `consumes` are the strategy's own (e.g. nvme_path), everything else
+    into zero_optimization (split_options). Before any job, `option_problems` checks them against DeepSpeed's
+    own config models."""
+
+    def zero_section(ctx: RunContext) -> dict:
+        fixed = zero(ctx) if callable(zero) else (zero or {})
+        return {"stage": stage, **fixed, **split_options(ctx.options, consumes)[2]}
 
     def config(ctx: RunContext) -> dict:
-        options = {k: v for k, v in ctx.options.items() if k not in consumes}
-        top = {**extra(ctx), **{k: options.pop(k) for k in TOP_LEVEL_KEYS if k in options}}
-        bf16 = {k: options.pop(k) for k in BF16_KEYS if k in options}
-        fixed = zero(ctx) if callable(zero) else (zero or {})
-        cfg = ds_config(ctx, {"stage": stage, **fixed, **options}, top)
+        top, bf16, _ = split_options(ctx.options, consumes)
+        cfg = ds_config(ctx, zero_section(ctx), {**extra(ctx), **top})
         if bf16 and "bf16" not in cfg:
             raise ValueError(f"strategy_options.{name}.{next(iter(bf16))}: DeepSpeed has a bf16 section only under "
                              f"train.precision bf16-pure (this run: {ctx.precision.name})")
         cfg.get("bf16", {}).update(bf16)
         return cfg
 
+    def option_problems(options: dict) -> list[str]:
+        """The zero_optimization section this strategy would build from `options` (its fixed keys, stage
+        included, and the user's) through DeepSpeed's DeepSpeedZeroConfig, and the bf16 keys through its
+        DeepSpeedBF16Config. deepspeed is imported only when there is a user key for either to check."""
+        _, bf16, rest = split_options(options, consumes)
+        if not bf16 and not rest:
+            return []
+        from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+        where = f"strategy_options.{name}"
+        out = model_problems(where, DeepSpeedBF16Config, {"enabled": True, **bf16}) if bf16 else []
+        if not rest:
+            return out
+        try:
+            section = zero_section(check_context(options))
+        except (TypeError, ValueError) as exc:  # a fixed key computed from a bad option (zeropp's int()): the
+            # model on the user's keys alone names the option; failing that, the error as it is
+            return (model_problems(where, DeepSpeedZeroConfig, {"stage": stage, **rest}) or [f"{where}: {exc}"]) + out
+        return model_problems(where, DeepSpeedZeroConfig, section) + out
+
     if stage == 3:
         strategy_kwargs.setdefault("compile_blocks", zero3_compile_blocks)
     return Strategy(name=name, family="deepspeed", zero_stage=stage, description=description,
-                    settings=lambda ctx: ds_settings(ctx, config(ctx)),
+                    settings=lambda ctx: ds_settings(ctx, config(ctx)), option_problems=option_problems,
                     build=lambda model, ctx: DeepSpeedEngine(model, ctx, config(ctx)), **strategy_kwargs)

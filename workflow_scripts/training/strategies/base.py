@@ -162,7 +162,12 @@ class Strategy:
     ops: tuple = ()  # DeepSpeed op builders this strategy needs, built once before any rank starts
     accum_steps: Callable | None = None  # (options) -> accumulation steps, if the strategy sets its own
     compile_blocks: Callable = compile_blocks  # (model, mode) -> dict, see compile_blocks above
-    # the keys its `strategy_options` section may hold, checked before any job starts; None: passed on to a
-    # library that validates them itself (DeepSpeed's config model)
+    # the keys its `strategy_options` section may hold, checked before any job starts (config_check); None: any
     option_keys: tuple | None = None
+    # (options) -> one line per problem, for options a library validates (DeepSpeed: training.strategies.
+    # _deepspeed checks them against its config models); set, it replaces the option_keys check
+    option_problems: Callable | None = None
     in_figures: bool = True
+    # a consistency check: this strategy's losses must equal those of the named one at the same layout and
+    # repeat (report/tables.py puts the difference in the summary and warns beyond verify.tolerances.loss_abs)
+    must_match: str | None = None

@@ -1,0 +1,70 @@
+"""A training job never outlives the workflow that started it.
+
+Snakemake runs a job as `bash -c '... python -m workflow_scripts.training.launch ...'`; when Snakemake alone is
+killed (SIGKILL from a batch system, the OOM killer, a closed terminal) the shell and the launcher are not, and
+the launcher would train to the end and write outputs nobody collects. The launcher therefore watches its
+ancestry: it records each ancestor and that ancestor's parent when it starts, and when any of them changes (an
+ancestor died, its child was adopted by init or a subreaper) it kills torchrun (whose ranks die with it:
+loop.die_with_parent) and exits; the VRAM sampler stops when its stdin, the launcher's pipe, closes. Linux only
+(/proc); elsewhere nothing is watched.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Callable
+
+POLL_S = 0.5
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid from /proc/<pid>/stat (the field after the command name, which may hold spaces)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def ancestry(pid: int) -> list[tuple[int, int]]:
+    """(ancestor, its parent) from pid's parent up to init."""
+    chain, current = [], os.getppid() if pid == os.getpid() else parent_of(pid)
+    while current and current > 1:
+        parent = parent_of(current)
+        if parent is None:
+            break
+        chain.append((current, parent))
+        current = parent
+    return chain
+
+
+def broken(chain: list[tuple[int, int]]) -> str | None:
+    """Which ancestor is gone or was re-parented since `chain` was recorded, or None."""
+    if chain and os.getppid() != chain[0][0]:
+        return f"this launcher's parent {chain[0][0]} is gone"
+    for pid, parent in chain:
+        now = parent_of(pid)
+        if now != parent:
+            return f"ancestor {pid} " + ("is gone" if now is None else f"lost its parent {parent}")
+    return None
+
+
+def watch(on_orphaned: Callable[[str], None], poll_s: float = POLL_S) -> threading.Thread | None:
+    """Start a daemon thread that calls on_orphaned(reason) once when the ancestry breaks."""
+    if not sys.platform.startswith("linux"):
+        return None
+    chain = ancestry(os.getpid())
+
+    def run():
+        stop = threading.Event()
+        while not stop.wait(poll_s):
+            reason = broken(chain)
+            if reason:
+                on_orphaned(reason)
+                return
+
+    thread = threading.Thread(target=run, name="workflow-watch", daemon=True)
+    thread.start()
+    return thread
