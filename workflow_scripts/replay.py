@@ -55,7 +55,7 @@ def decisions(spec: dict, auto_keys: list[str], against: str) -> dict:
     if not replayed:
         return spec["train"]
     return {**spec["train"], **replayed,
-            "compile_auto": f"replayed from {against}: {old['train'].get('compile_auto', 'set explicitly there')}"}
+            "compile_auto": f"replayed from {against}: {old['train'].get('compile_auto', 'no reason recorded there')}"}
 
 
 def problems(against: str | None) -> list[str]:
