@@ -4,13 +4,13 @@ All problems are collected and raised as one error, each naming the key or file 
 """
 from __future__ import annotations
 
-import difflib
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from workflow_scripts import study
+from workflow_scripts.schema import did_you_mean, unknown_key
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import model_problems, run_problems, unimplemented
@@ -277,18 +277,6 @@ def dotted(path) -> str:
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
-
-
-def did_you_mean(name: str, known) -> str:
-    """'did you mean <the closest known name>?', or the known names where none is close."""
-    known = sorted(known)
-    hint = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
-    return f"did you mean {hint[0]}?" if hint else f"known: {', '.join(known) or 'none'}"
-
-
-def unknown_key(where: str, key: str, known) -> str:
-    at = f"{where}.{key}" if where else key
-    return f"{at}: unknown key, {did_you_mean(key, known)}"
 
 
 def describe(err) -> list[str]:

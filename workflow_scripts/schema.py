@@ -1,7 +1,9 @@
 """The study schema (schemas/config.schema.yaml) as code reads it: a key's default lives there, once, and every
-module that needs one asks here instead of restating it."""
+module that needs one asks here instead of restating it; and how an unknown key is named (with the closest known
+one), the same for the schema's keys and for what a library validates (DeepSpeed's config models)."""
 from __future__ import annotations
 
+import difflib
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,3 +31,15 @@ def _default(node: dict):
     if props and node.get("default") in (None, {}):
         return {k: _default(v) for k, v in props.items() if "default" in v or "properties" in v}
     return node.get("default")
+
+
+def did_you_mean(name: str, known) -> str:
+    """'did you mean <the closest known name>?', or the known names where none is close."""
+    known = sorted(known)
+    hint = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
+    return f"did you mean {hint[0]}?" if hint else f"known: {', '.join(known) or 'none'}"
+
+
+def unknown_key(where: str, key: str, known) -> str:
+    at = f"{where}.{key}" if where else key
+    return f"{at}: unknown key, {did_you_mean(key, known)}"

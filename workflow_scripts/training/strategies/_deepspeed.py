@@ -195,7 +195,7 @@ def model_problems(where: str, model, data: dict) -> list[str]:
     `where.<dotted key>` as the user wrote it, with the closest key for an unknown one."""
     import pydantic
 
-    from workflow_scripts.config_check import unknown_key
+    from workflow_scripts.schema import unknown_key
 
     try:
         model(**data)
