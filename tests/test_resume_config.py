@@ -16,10 +16,13 @@ from conftest import REPO, launch_spec
 from workflow_scripts.training import checkpoint as ck
 
 
+MODEL_FILE = "ckpt/mp_rank_00_model_states.pt"  # DeepSpeed's save_checkpoint(path, tag="ckpt")
+
+
 def run_spec(token_data, tmp_path, name, work, **train):
     path = launch_spec(token_data, tmp_path, name)
     s = json.loads(path.read_text())
-    s.update(world_size=2, work_dir=str(tmp_path / work))
+    s.update(world_size=2, work_dir=str(tmp_path / work), strategy="zero2")  # DeepSpeed's checkpoint format
     s["train"].update(max_steps=12, checkpoint_every=4, log_every=2, **train)
     path.write_text(json.dumps(s))
     return path
@@ -44,12 +47,12 @@ def test_a_rerun_resumes_only_its_own_configuration(token_data, tmp_path):
     killed = run_spec(token_data, tmp_path, "same", "w_same", fault_injection={"oom_at_step": 10})
     rc, log = launch(killed)  # an `oom` row after the step-4 and step-8 checkpoints
     assert (tmp_path / "w_same/ckpt/latest").read_text() == "step_00000008", log
-    flip_bytes(tmp_path / "w_same/ckpt/step_00000008/ddp.pt")  # damaged in place: same size, other bytes
+    flip_bytes(tmp_path / "w_same/ckpt/step_00000008" / MODEL_FILE)  # damaged in place: same size, other bytes
     rc, log = launch(run_spec(token_data, tmp_path, "same", "w_same"))
     assert rc == 0 and "resume: resuming from step_00000004" in log and "step_00000008 damaged" in log, log
     same, same_losses = summary_and_losses(tmp_path, "same")
     assert same["resumed_from_step"] == 4
-    assert same["checkpoint_fallback"] == ("step_00000008 damaged (checksum mismatch in ddp.pt), resumed from "
+    assert same["checkpoint_fallback"] == (f"step_00000008 damaged (checksum mismatch in {MODEL_FILE}), resumed from "
                                            "step_00000004")
     assert same_losses == clean_losses and clean["checkpoint_fallback"] is None
     assert [p.name for p in (tmp_path / "w_same").glob("ckpt.damaged-*/*")] == ["step_00000008"]

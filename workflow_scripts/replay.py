@@ -41,7 +41,9 @@ def committed_spec(against: str, spec: dict) -> dict | None:
 
 
 def spec_layout(spec: dict) -> str:
-    return spec["run_id"].split("__")[2]
+    from workflow_scripts.training.layout import Layout
+
+    return Layout(**spec["layout"]).key
 
 
 def decisions(spec: dict, auto_keys: list[str], against: str) -> dict:
