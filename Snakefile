@@ -45,5 +45,9 @@ rule all:
         all_outputs(),
 
 
+onstart:
+    forward_sigterm_to_training_jobs()
+
+
 onsuccess:
     write_report()

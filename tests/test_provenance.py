@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from test_vram import ROOT, load_fake
 from workflow_scripts.measure import machine, provenance
 
@@ -178,3 +180,29 @@ def test_published_claims_name_runs_of_the_study():
                      "published.as_published.fsdp: not a claimed strategy (published.claims)",
                      "published.as_published.fsdp.precision: 'fp16' is not one of fp32, bf16-mixed, bf16-pure",
                      "published.headlines[0]: gpt2-medium/zero3 has no claim row (published.claims)"]
+
+
+def test_a_throughput_ratio_follows_the_measure_that_bounds_the_step():
+    """plan/bound.py by hand: a one-GPU row at 375 of a calibrated 750 TFLOP/s is half compute, half host; on a
+    machine with the same matmul rate and launches twice as fast the prediction is 1 / (0.5/1 + 0.5/2) = x1.33,
+    and host-bound rows follow the launch cost, not the matmul rate; two data-parallel ranks add the gradients'
+    all-reduce at the calibrated bus bandwidth."""
+    from workflow_scripts.plan import bound
+
+    row = {"platform": "cuda", "world_size": 1, "dp_size": 1, "tokens_per_step": 4096, "tokens_per_s": 75_000,
+           "flops_per_token": 5e9, "trainable_params": 1e8}
+    old = {"matmul_bf16[0]": 750.0, "launch_us[0]": 8.0, "cpu_single_thread": 20.0}
+    new = {"matmul_bf16[0]": 750.0, "launch_us[0]": 4.0, "cpu_single_thread": 10.0}
+    assert bound.shares(row, old) == pytest.approx({"compute": 0.5, "communication": 0.0, "host": 0.5})
+    ratio, why = bound.predicted_ratio(row, old, new)
+    assert ratio == pytest.approx(4 / 3) and why.startswith("compute-bound (50% compute")
+    slow_row = {**row, "tokens_per_s": 15_000}  # 10% compute: host-bound
+    ratio, why = bound.predicted_ratio(slow_row, old, {**new, "matmul_bf16[0]": 1500.0})
+    assert ratio == pytest.approx(1 / (0.1 / 2 + 0.9 / 2)) and why.startswith("host-bound (90% host, kernel")
+    no_launch = {k: v for k, v in new.items() if not k.startswith("launch")}  # an older set: the CPU measure
+    assert bound.predicted_ratio(slow_row, old, no_launch)[0] == pytest.approx(1 / (0.1 + 0.9 * 2))
+    two = {**row, "world_size": 2, "dp_size": 2, "tokens_per_s": 150_000}  # 0.0546 s per step
+    old2 = {**old, "all_reduce_busbw[2x64MB]": 10.0, "all_reduce_busbw[2x1000MB]": 100.0}
+    # 1e8 x 4 bytes x 2 x 1/2 at 100 GB/s = 4 ms of a 54.6 ms step
+    assert bound.shares(two, old2)["communication"] == pytest.approx(0.004 / (4096 / 150_000))
+    assert bound.shares({**row, "platform": "cpu"}, old) == {"compute": 0.0, "communication": 0.0, "host": 1.0}

@@ -265,6 +265,9 @@ def layout_problems(config: dict) -> list[str]:
             out += unimplemented(layout, f"{where}[{j}]")
             out += [p for m in g["models"] for p in model_problems(layout, m, f"{where}[{j}]")]
             train = {**config["train"], **g.get("train", {})}
+            if train.get("compile_model") is True and not layout.data_only:
+                out.append(f"{where}[{j}]: train.compile_model compiles data-parallel layouts only ({layout.key}); "
+                           f"use train.compile_blocks")
             out += [p for s in g["strategies"] if s in STRATEGIES
                     for p in run_problems(layout, STRATEGIES[s], train, f"{where}[{j}]")]
     return list(dict.fromkeys(out))

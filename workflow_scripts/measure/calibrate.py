@@ -4,13 +4,16 @@ timed runs, so that a rerun on another machine can say whether its timings diffe
     python -m workflow_scripts.measure.calibrate --platform cuda --world-sizes 2,4 --work-dir work/x \\
         --out results/<study>/calibration/calibration.json --md .../calibration.md
 
-Measured (median of `rounds` after one warm-up), each a row {name, value, unit, detail}:
+Measured (median of `rounds` after one warm-up; the two host-speed measures, cpu_single_thread and launch_us, the
+fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - cpu_single_thread      pure-Python integer loop, million iterations/s (launch-bound runs follow it);
 - host_memcpy            numpy copy of 64 MiB, GB/s;
 - cpu_adam               torch AdamW (foreach) step over 10 M fp32 parameters on the CPU, ms (offload strategies);
 - disk_write / disk_read 64 MiB file in the work directory (fsync after the write; the read is from page cache
                          unless the machine evicts it), GB/s (ZeRO-Infinity's NVMe path);
-- per GPU: matmul_bf16   8192^3 bf16 matmul, TFLOP/s; h2d / d2h pinned copies of 1 GiB, GB/s;
+- per GPU: matmul_bf16   8192^3 bf16 matmul, TFLOP/s; h2d / d2h pinned copies of 1 GiB, GB/s; launch_us: the
+                         host's time per eager kernel launch (a one-element add), microseconds (host-bound GPU runs
+                         follow it: plan/bound.py);
 - per world size n > 1 on one node: all_reduce and all_gather bus bandwidth (nccl-tests convention: all-reduce
                          algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB, torchrun with n processes.
 On CPU the GPU and collective rows are present with value None and detail "not applicable (cpu)" (CPU studies
@@ -28,17 +31,20 @@ import time
 from pathlib import Path
 
 MB = 10**6
+LAUNCHES = 20_000
 
 
-def timed(fn, rounds: int) -> float:
-    """Median seconds of fn() over `rounds` calls after one warm-up call; fn synchronises itself."""
+def timed(fn, rounds: int, best: bool = False) -> float:
+    """Median seconds of fn() over `rounds` calls after one warm-up call; fn synchronises itself. best: the
+    fastest of 3 x rounds calls instead, for the host measures, which a job beside the calibration (tokenize, an
+    op build) only ever slows down."""
     fn()
     times = []
-    for _ in range(rounds):
+    for _ in range(3 * rounds if best else rounds):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return min(times) if best else statistics.median(times)
 
 
 def row(name: str, value, unit: str, detail: str) -> dict:
@@ -74,7 +80,8 @@ def host_rows(work_dir: Path, rounds: int) -> list[dict]:
         with open(path, "rb") as f:
             f.readinto(dst.data)
 
-    out = [row("cpu_single_thread", 2.0 / timed(loop, rounds), "M iterations/s", "pure-Python integer loop"),
+    out = [row("cpu_single_thread", 2.0 / timed(loop, rounds, best=True), "M iterations/s",
+               "pure-Python integer loop, fastest round"),
            row("host_memcpy", src.nbytes / timed(lambda: np.copyto(dst, src), rounds) / 1e9, "GB/s",
                "numpy copy, 64 MiB"),
            row("cpu_adam", 1000 * timed(adam.step, rounds), "ms", "torch AdamW(foreach) step, 10 M fp32 parameters")]
@@ -102,11 +109,19 @@ def one_gpu(i: int, rounds: int) -> list[dict]:
         for _ in range(10):
             a @ a
 
+    tiny = torch.zeros(1, device=dev)
+
+    def launches():  # the host's cost of one eager kernel launch: the GPU finishes each before the next is issued
+        for _ in range(LAUNCHES):
+            tiny.add_(1)
+
     flops = 10 * 2 * 8192**3 / timed(sync(matmuls), rounds) / 1e12
+    launch_us = 1e6 * timed(sync(launches), rounds, best=True) / LAUNCHES
     h2d = 2**30 / timed(sync(lambda: device.copy_(host, non_blocking=True)), rounds) / 1e9
     d2h = 2**30 / timed(sync(lambda: host.copy_(device, non_blocking=True)), rounds) / 1e9
     return [row(f"matmul_bf16[{i}]", flops, "TFLOP/s", torch.cuda.get_device_name(dev)),
-            row(f"h2d[{i}]", h2d, "GB/s", "pinned, 1 GiB"), row(f"d2h[{i}]", d2h, "GB/s", "pinned, 1 GiB")]
+            row(f"h2d[{i}]", h2d, "GB/s", "pinned, 1 GiB"), row(f"d2h[{i}]", d2h, "GB/s", "pinned, 1 GiB"),
+            row(f"launch_us[{i}]", launch_us, "us", f"eager launch of a one-element add, {LAUNCHES} in a row, fastest round")]
 
 
 def gpu_rows(rounds: int) -> list[dict]:

@@ -8,8 +8,10 @@ resolved decisions (workflow_scripts/replay.py), then every run of either set ge
 
   reproduced           same settings and status; loss, memory and throughput within `verify.tolerances`
   differs-explained    loss and memory within; throughput off, but what the two machines' calibrations predict
-                       (bf16 matmul TFLOP/s on GPU, single-thread CPU speed on CPU) accounts for it: within the
-                       tolerance once divided out, and for at least half of the deviation
+                       for this run accounts for it: within the tolerance once divided out, and for at least half
+                       of the deviation. The prediction weighs each calibrated measure by the share of the step it
+                       bounds (plan/bound.py: compute at matmul TFLOP/s, gradient all-reduce at bus bandwidth, the
+                       rest at single-thread CPU speed; a host-bound step follows the CPU, not the GPU)
   differs-unexplained  `why` names the measures that differ (loss, memory, throughput)
   missing              in one set only (`why` says which)
   status-changed       ok in one, oom / unsupported / failed in the other
@@ -37,6 +39,7 @@ import pandas as pd
 
 from workflow_scripts import columns as C
 from workflow_scripts import replay, schema
+from workflow_scripts.plan import bound
 
 KEYS = ["model", "strategy", "layout", "repeat"]
 PASSING = ("reproduced", "differs-explained")
@@ -50,18 +53,6 @@ def rows(results_dir: Path) -> pd.DataFrame:
         runs["layout"] = "ws" + runs["world_size"].astype(str)
     runs["repeat"] = runs["repeat"].astype(int)
     return runs.set_index(KEYS)
-
-
-def calibration_speed(results_dir: Path) -> tuple[float | None, str]:
-    """The machine's speed measure for the predicted throughput ratio (GPU matmul, else CPU single thread)."""
-    path = results_dir / "calibration/calibration.json"
-    if not path.exists():
-        return None, "no calibration"
-    cal = {r["name"]: r["value"] for r in json.loads(path.read_text())["rows"]}
-    matmuls = [v for k, v in cal.items() if k.startswith("matmul_bf16[") and v]
-    if matmuls:
-        return sum(matmuls) / len(matmuls), "bf16 matmul TFLOP/s"
-    return cal.get("cpu_single_thread"), "single-thread CPU speed"
 
 
 def recorded_tolerances(committed: Path, tol: dict) -> tuple[dict, str]:
@@ -137,7 +128,7 @@ def explained(ratio: float, predicted: float | None, tol: float) -> bool:
     return within(left, tol) and abs(left) <= abs(ratio - 1.0) / 2
 
 
-def judge(m: dict, predicted: float | None, tol: dict) -> tuple[str, str]:
+def judge(m: dict, predicted: float | None, what_bounds: str, tol: dict) -> tuple[str, str]:
     off = [name for name, value, limit in (("loss", m["final_loss_diff"], tol["loss_abs"]),
                                            ("validation loss", m["val_loss_diff"], tol["loss_abs"]),
                                            ("memory", m["peak_memory_rel_diff"], tol["memory_rel"]))
@@ -149,24 +140,26 @@ def judge(m: dict, predicted: float | None, tol: dict) -> tuple[str, str]:
     if not off and speed_ok:
         return "reproduced", ""
     if not off and ratio is not None and explained(ratio, predicted, tol["throughput_rel"]):
-        return "differs-explained", f"throughput x{ratio:.2f}, calibration predicts x{predicted:.2f}"
+        return "differs-explained", f"throughput x{ratio:.2f}, calibration predicts x{predicted:.2f} ({what_bounds})"
     return "differs-unexplained", ", ".join(off + ([] if speed_ok else ["throughput"]))
 
 
-def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committed: Path, predicted, tol) -> dict:
+def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committed: Path, cals, tol) -> dict:
     out = dict(zip(KEYS, key))
     if key not in old.index or key not in new.index:
         return {**out, "verdict": "missing", "why": f"only in the {'rerun' if key in new.index else 'committed set'}"}
     n, o = new.loc[key], old.loc[key]
     changed = replay.settings_diff(replay.run_settings(committed, *key), replay.run_settings(rerun, *key))
     m = measures(n, o) if n["status"] == o["status"] == "ok" else {}
+    if m and all(cals):
+        m["calibration_ratio"], m["bound"] = bound.predicted_ratio(o, *cals)
     if changed:
         return {**out, **m, "verdict": "settings-changed", "why": "; ".join(changed)}
     if n["status"] != o["status"]:
         return {**out, "verdict": "status-changed", "why": f"{o['status']} -> {n['status']}"}
     if n["status"] != "ok":
         return {**out, "verdict": "reproduced", "why": f"{n['status']} in both"}
-    word, why = judge(m, predicted, tol)
+    word, why = judge(m, m.get("calibration_ratio"), m.get("bound", "no calibration"), tol)
     return {**out, **m, "verdict": word, "why": why}
 
 
@@ -174,11 +167,11 @@ def compare(rerun: Path, committed: Path, tolerances: dict | None = None) -> pd.
     tol = {**schema.default("verify", "tolerances"), **(tolerances or {})}
     tol, source = recorded_tolerances(committed, tol)
     new, old = rows(rerun), rows(committed)
-    (speed_new, measure), (speed_old, _) = calibration_speed(rerun), calibration_speed(committed)
-    predicted = speed_new / speed_old if speed_new and speed_old else None
+    cals = (bound.calibration(committed), bound.calibration(rerun))
     keys = list(old.index) + [k for k in new.index if k not in old.index]  # the committed set's order first
-    table = pd.DataFrame([row_verdict(k, new, old, rerun, committed, predicted, tol) for k in keys])
-    table["calibration_ratio"], table["calibration_measure"] = predicted, measure
+    table = pd.DataFrame([row_verdict(k, new, old, rerun, committed, cals, tol) for k in keys])
+    for column in ("calibration_ratio", "bound"):  # empty where no row was compared or a set has no calibration
+        table[column] = table[column] if column in table else None
     table.attrs["tolerances"] = {**tol, "source": source}
     return table
 

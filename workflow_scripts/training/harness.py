@@ -6,6 +6,10 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
   block (ZeRO-3 makes each block a leaf module and compiles its forward: the strategy's `compile_blocks`). Embeddings, the
   final norm and the LM head stay eager. Gradient checkpointing wraps the compiled block (HF's non-reentrant
   checkpoint recomputes the compiled forward).
+- compile_model (false unless set): the whole model compiled around the strategy's wrapper after the engine is built
+  (`torch.compile(DDP(model))`, FSDP2's root module, DeepSpeed's `engine.compile`): a few compiled regions per step
+  instead of one per block; with `compile_mode: reduce-overhead` they replay as CUDA graphs. Replaces
+  compile_blocks; data-parallel layouts only (config_check).
 - compile_loss: the next-token cross-entropy compiled: the bf16 logits are upcast inside one fused kernel instead
   of materialising an fp32 copy of the (batch x sequence x vocabulary) logits and their gradient.
 
@@ -71,15 +75,25 @@ def compiles(train: dict, family: str, layout: dict | None) -> bool:
 
 def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
     """Compile what the config asks for (in place, with the strategy's own block compiler: see
-    training.strategies.base.compile_blocks) and return the settings to record."""
-    blocks = train.get("compile_blocks") is True  # resolved by the run spec; an unresolved "auto" compiles nothing
+    training.strategies.base.compile_blocks) and return the settings to record. Under compile_model the blocks
+    are left to the whole-model compile (apply_to_engine)."""
+    whole = train.get("compile_model") is True
+    blocks = train.get("compile_blocks") is True and not whole  # resolved by the run spec; "auto" compiles nothing
     mode = train.get("compile_mode", "default")
     extra = strategy.compile_blocks(model, mode) if blocks else {}
-    return {**extra, "compile_blocks": blocks, "compile_loss": train.get("compile_loss") is True,
+    return {**extra, "compile_blocks": blocks, "compile_model": whole, "compile_loss": train.get("compile_loss") is True,
             "compile_mode": mode, "attn_implementation": train.get("attn_implementation", "sdpa"),
             "gradient_checkpointing": bool(train.get("gradient_checkpointing")),
             "host_sync": f"every {train.get('log_every')} steps (losses and CUDA-event timings read together)",
             "loader": "pinned host memory, non_blocking copies"}
+
+
+def apply_to_engine(engine, train: dict, strategy) -> dict:
+    """train.compile_model: the whole model compiled around the strategy's wrapper, once the engine exists (the
+    strategy's own compile_model: training.strategies.base.compile_model)."""
+    if train.get("compile_model") is not True:
+        return {}
+    return strategy.compile_model(engine, train.get("compile_mode", "default"))
 
 
 def loss_function(train: dict):

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from workflow_scripts import columns as C
-from workflow_scripts.training import workflow_watch
+from workflow_scripts.training import graceful_stop, workflow_watch
 
 
 def _header_only(path: Path, columns: list[str]) -> None:
@@ -137,12 +137,13 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
         write_not_started(spec, ctx, "oom", reason, started)
         return 0
 
-    for marker in out_dir.glob("oom_rank*.json"):
-        marker.unlink()
+    for marker in [*out_dir.glob("oom_rank*.json"), out_dir / graceful_stop.STOPPED_MARKER]:
+        marker.unlink(missing_ok=True)
     cmd = torchrun_command(spec, spec_path, nnodes, node_rank, endpoint)
     print("launch:", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=env)
-    workflow_watch.watch(lambda why: stop_orphaned(proc, why))
+    stop = graceful_stop.LauncherStop()
+    proc = stop.start(cmd, env)
+    workflow_watch.watch(lambda why: None if stop.requested else stop_orphaned(proc, why))
     node_csv = out_dir / C.VRAM if lead else out_dir / f"vram_node{node_rank}.csv"
     sampler = None
     try:
@@ -153,9 +154,23 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
     sampled = sampler.stop() if sampler is not None else None
     if sampled is None:
         _header_only(node_csv, C.SAMPLER_COLUMNS)
+    if stop.requested and not (out_dir / C.TRAIN_SUMMARY).exists():
+        return stopped(out_dir, rc)
     if not lead:
         return rc
     return write_result(spec, ctx, rc, sampled, started, time.time())
+
+
+def stopped(out_dir: Path, rc: int) -> int:
+    """The job asked to stop (training/graceful_stop.py): fail it, so that Snakemake's rerun resumes."""
+    step = graceful_stop.LauncherStop.stopped_at(out_dir)
+    if step is None:
+        print(f"launch: stopped by SIGTERM before a step boundary (exit code {rc}); the rerun resumes from the last "
+              f"checkpoint, if any", flush=True)
+    else:
+        print(f"launch: stopped by SIGTERM after step {step}, checkpoint saved; `snakemake --rerun-incomplete` "
+              f"resumes from it", flush=True)
+    return graceful_stop.STOPPED_EXIT
 
 
 def preflight_problems(spec: dict) -> list[str]:

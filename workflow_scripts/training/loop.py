@@ -36,10 +36,11 @@ from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.memory_peak import MemoryPeak
 from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
-from workflow_scripts.training import determinism, harness, vision
+from workflow_scripts.training import determinism, harness, vision, workflow_watch
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import RunContext, init_distributed
+from workflow_scripts.training.graceful_stop import RankStop, signal_workflow
 from workflow_scripts.training.models import MODELS, count_params, count_trainable, model_flops_per_token
 from workflow_scripts.training.parallel import build_engine
 from workflow_scripts.training.strategies import get as get_strategy
@@ -115,10 +116,11 @@ def setup(spec: dict) -> Run:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     levers = {**harness.apply(model, t, strategy), **deterministic}
     ctx.loss_fn = harness.loss_function(t)
+    engine = build_engine(strategy, model, ctx, MODELS[spec["model"]].family)
+    levers.update(harness.apply_to_engine(engine, t, strategy))
     if ctx.rank == 0:
         settings = {**strategy.settings(ctx), "layout": ctx.layout.degrees(), "harness": levers}
         (out_dir / C.SETTINGS).write_text(json.dumps(settings, indent=2, default=str))
-    engine = build_engine(strategy, model, ctx, MODELS[spec["model"]].family)
 
     batches = Batches(blocks, ctx, t["seed"], pin=ctx.device.type == "cuda")
     if batches.steps_per_epoch == 0:
@@ -217,17 +219,27 @@ def train(spec: dict) -> dict | None:
     profiler = StepProfiler(spec, ctx, state["step"], run.total_steps)
     log = StepLog(run, state["rows"], state["step"], profiler.profiled)
     publisher = StepPublisher(os.environ.get("PIPELINE_STEP_FILE") if ctx.rank == 0 else None)
-    inject_oom = (t.get("fault_injection") or {}).get("oom_at_step")
+    faults = t.get("fault_injection") or {}
+    stop = RankStop(ctx.world_size)
     memory_peak = MemoryPeak(ctx, run.out_dir)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
         memory_peak.start()
+
+    def checkpoint(done: int) -> None:
+        log.flush()
+        save_checkpoint(engine, run.ckpt_dir, done,
+                        {"step": done, "rows": log.rows, "val_loss_initial": val_initial,
+                         "val_accuracy_initial": run.accuracy.get("initial"), "config_hash": config_hash,
+                         "checkpoint_fallback": fallback},
+                        ctx.rank)
+        log.untimed_gap()
+
     with profiler:
         profiler.annotate(engine)
         for step in range(state["step"], run.total_steps):
             publisher.publish(step + 1)
-            if inject_oom is not None and step + 1 == inject_oom and ctx.rank == 0:
-                raise torch.OutOfMemoryError(f"injected allocation failure at step {step + 1} (fault_injection)")
+            inject_faults(faults, step + 1, ctx.rank)
             lr = lr_at(step, t, run.total_steps)
             loss, marks = engine.train_step(run.batches.micro_batches(step), lr, log.clock)
             log.add(step, loss, lr, marks)
@@ -238,14 +250,13 @@ def train(spec: dict) -> dict | None:
             done = step + 1
             if done % t["log_every"] == 0 or done == run.total_steps:
                 log.flush()
-            if t["checkpoint_every"] and done % t["checkpoint_every"] == 0 and done < run.total_steps:
-                log.flush()
-                save_checkpoint(engine, run.ckpt_dir, done,
-                                {"step": done, "rows": log.rows, "val_loss_initial": val_initial,
-                                 "val_accuracy_initial": run.accuracy.get("initial"), "config_hash": config_hash,
-                                 "checkpoint_fallback": fallback},
-                                ctx.rank)
-                log.untimed_gap()
+            saved = t["checkpoint_every"] and done % t["checkpoint_every"] == 0 and done < run.total_steps
+            if saved:
+                checkpoint(done)
+            if done < run.total_steps and stop.agreed():  # SIGTERM: a checkpoint at this step, then leave
+                if not saved:
+                    checkpoint(done)
+                stop.leave(run.out_dir, done, ctx.rank)
     log.flush()
     publisher.publish(run.total_steps + 1)
     val_final = evaluate(engine, run.val, ctx, run.eval_samples)
@@ -253,6 +264,16 @@ def train(spec: dict) -> dict | None:
         run.accuracy["final"] = vision.accuracy(engine, run.val, ctx, run.eval_samples)
     log.close(val_final)
     return finish(run, log.rows, (val_initial, val_final), resumed_from, fallback)
+
+
+def inject_faults(faults: dict, step: int, rank: int) -> None:
+    """Test hooks (train.fault_injection), on rank 0 before `step` runs."""
+    if rank != 0:
+        return
+    if faults.get("oom_at_step") == step:
+        raise torch.OutOfMemoryError(f"injected allocation failure at step {step} (fault_injection)")
+    if faults.get("sigterm_workflow_at_step") == step:
+        signal_workflow(step)
 
 
 def gather_memory(ctx: RunContext) -> list[list[float]]:
@@ -329,6 +350,7 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
                               ctx.precision.state_bytes,
                               strategy.offload_optimizer(ctx), strategy.offload_params(ctx)),
         "compile_blocks": run.levers["compile_blocks"], "compile_loss": run.levers["compile_loss"],
+        "compile_model": run.levers["compile_model"],
         "trainable_params": run.trainable,
         **({"val_accuracy_initial": run.accuracy.get("initial"), "val_accuracy_final": run.accuracy.get("final")}
            if run.vision else {}),
@@ -344,13 +366,11 @@ def write_metrics(path: Path, rows: list[dict]) -> None:
 
 def die_with_parent() -> None:
     """torchrun starts the ranks in their own session, so a kill of the workflow's process group reaches the
-    launcher and the torchrun agent but not the ranks, which would train on and write checkpoints into the folder
-    the rerun resumes from. Linux: the kernel kills this rank when its parent (the agent) dies."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    launcher but not the ranks, which would train on and write checkpoints into the folder the rerun resumes from.
+    Linux: the kernel kills this rank when its parent (the agent) dies."""
+    die = workflow_watch.pdeathsig()
+    if die is not None:
+        die()
         if os.getppid() == 1:  # the parent died before prctl
             os._exit(1)
 

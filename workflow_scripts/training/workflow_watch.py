@@ -28,6 +28,26 @@ def parent_of(pid: int) -> int | None:
     return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
+def command_of(pid: int) -> str:
+    """/proc/<pid>/cmdline with spaces between the arguments; "" when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def pdeathsig():
+    """A preexec function for a child that must not outlive this process (Linux: the kernel sends it SIGKILL when
+    its parent dies); None elsewhere. libc is loaded here, before the fork: the child only calls prctl."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def ancestry(pid: int) -> list[tuple[int, int]]:
     """(ancestor, its parent) from pid's parent up to init."""
     chain, current = [], os.getppid() if pid == os.getpid() else parent_of(pid)

@@ -126,6 +126,13 @@ class DeepSpeedEngine(Engine):
         self.module.load_checkpoint(path, tag="ckpt")
 
 
+def deepspeed_compile_model(engine: Engine, mode: str) -> dict:
+    """train.compile_model for DeepSpeed engines: DeepSpeed's own `DeepSpeedEngine.compile` (torch.compile of the
+    wrapped module inside the engine, its hooks kept)."""
+    engine.module.compile(compile_kwargs={"mode": mode})
+    return {"compile_model": f"DeepSpeedEngine.compile(mode={mode})"}
+
+
 def zero3_compile_blocks(model: torch.nn.Module, mode: str) -> dict:
     """train.compile_blocks under ZeRO-3, whose parameter hooks on every submodule would break a compiled block
     into pieces: each block becomes a ZeRO-3 leaf module (its parameters gathered together by hooks on the
@@ -268,6 +275,7 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
 
     if stage == 3:
         strategy_kwargs.setdefault("compile_blocks", zero3_compile_blocks)
+    strategy_kwargs.setdefault("compile_model", deepspeed_compile_model)
     return Strategy(name=name, family="deepspeed", zero_stage=stage, description=description,
                     settings=lambda ctx: ds_settings(ctx, config(ctx)), option_problems=option_problems,
                     build=lambda model, ctx: DeepSpeedEngine(model, ctx, config(ctx)), **strategy_kwargs)

@@ -146,6 +146,16 @@ def compile_blocks(model: torch.nn.Module, mode: str) -> dict:
     return {}
 
 
+def compile_model(engine: Engine, mode: str) -> dict:
+    """`torch.compile` of the whole model around the strategy's wrapper (train.compile_model), after the engine is
+    built: one compiled region per forward instead of one per block, so the host issues a few graphs per step; DDP's
+    compiler splits the graph at its bucket boundaries, so communication still overlaps. With compile_mode
+    reduce-overhead the compiled forward and backward replay as CUDA graphs. DeepSpeed engines compile through
+    their own `engine.compile` (training.strategies._deepspeed.deepspeed_compile_model)."""
+    engine.module = torch.compile(engine.module, mode=mode)
+    return {"compile_model": f"torch.compile({type(engine.module._orig_mod).__name__}, mode={mode})"}
+
+
 @dataclass
 class Strategy:
     """One training strategy. `family` groups the engines: ddp, deepspeed, fsdp."""
@@ -162,6 +172,7 @@ class Strategy:
     ops: tuple = ()  # DeepSpeed op builders this strategy needs, built once before any rank starts
     accum_steps: Callable | None = None  # (options) -> accumulation steps, if the strategy sets its own
     compile_blocks: Callable = compile_blocks  # (model, mode) -> dict, see compile_blocks above
+    compile_model: Callable = compile_model  # (engine, mode) -> dict, see compile_model above
     # the keys its `strategy_options` section may hold, checked before any job starts (config_check); None: any
     option_keys: tuple | None = None
     # (options) -> one line per problem, for options a library validates (DeepSpeed: training.strategies.

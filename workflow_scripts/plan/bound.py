@@ -1,0 +1,78 @@
+"""What bounds a measured run's step, from its row and its machine's calibration (calibration/calibration.json),
+and the throughput ratio two machines' calibrations predict for that run.
+
+The step splits into three parts, each scaling with one calibrated measure:
+  compute        the model's FLOPs at the calibrated bf16 matmul rate: achieved FLOP/s per device / matmul TFLOP/s
+  communication  several data-parallel GPU ranks: the gradients' all-reduce (trainable parameters x 4 bytes) at
+                 the calibrated bus bandwidth of the largest message measured for that many ranks, not overlapped
+  host           the rest of the step: Python, kernel launches, the data path; on GPU at the calibrated launch
+                 rate (1 / launch_us) where both sets measured it, else at single-thread CPU speed
+A CPU run is all host, at single-thread CPU speed. Shares are capped so that they sum to 1 (compute first, then communication).
+Predicted rerun / committed tokens/s = 1 / sum(share_k / (speed_k rerun / speed_k committed)).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+MEASURES = {"compute": "bf16 matmul TFLOP/s", "communication": "all-reduce bus bandwidth",
+            "host": "kernel launches/s", "python": "single-thread CPU speed"}
+GRAD_BYTES = 4  # fp32 gradients, as the bf16-mixed data-parallel engines reduce them
+BUSBW = re.compile(r"all_reduce_busbw\[(\d+)x(\d+)MB\]")
+
+
+def calibration(results_dir: Path) -> dict | None:
+    """name -> value of a set's calibration, None when the set has none."""
+    path = Path(results_dir) / "calibration/calibration.json"
+    if not path.exists():
+        return None
+    return {r["name"]: r["value"] for r in json.loads(path.read_text())["rows"] if r["value"] is not None}
+
+
+def speeds(cal: dict, ranks: int) -> dict:
+    """Each part's speed on this machine (None where not measured)."""
+    matmul = [v for k, v in cal.items() if k.startswith("matmul_bf16[")]
+    launch = [v for k, v in cal.items() if k.startswith("launch_us[")]
+    busbw = sorted((int(m[2]), v) for k, v in cal.items() if (m := BUSBW.fullmatch(k)) and int(m[1]) == ranks)
+    return {"compute": sum(matmul) / len(matmul) if matmul else None,
+            "communication": busbw[-1][1] if busbw else None,
+            "host": 1e6 * len(launch) / sum(launch) if launch else None, "python": cal.get("cpu_single_thread")}
+
+
+def shares(row, cal: dict) -> dict:
+    """The committed row's step split into compute, communication and host (fractions summing to 1)."""
+    if str(row.get("platform", "cpu")).lower() == "cpu":
+        return {"compute": 0.0, "communication": 0.0, "host": 1.0}
+    ranks = int(row.get("dp_size") or row.get("world_size") or 1)
+    speed = speeds(cal, ranks)
+    step_s = float(row["tokens_per_step"]) / float(row["tokens_per_s"])
+    compute = 0.0
+    if speed["compute"]:
+        achieved = float(row["tokens_per_s"]) * float(row["flops_per_token"]) / int(row.get("world_size") or 1)
+        compute = min(1.0, achieved / (speed["compute"] * 1e12))
+    communication = 0.0
+    if ranks > 1 and speed["communication"]:
+        seconds = float(row["trainable_params"]) * GRAD_BYTES * 2 * (ranks - 1) / ranks / (speed["communication"] * 1e9)
+        communication = min(1.0 - compute, seconds / step_s)
+    return {"compute": compute, "communication": communication, "host": 1.0 - compute - communication}
+
+
+def predicted_ratio(row, committed: dict, rerun: dict) -> tuple[float | None, str]:
+    """Rerun / committed tokens/s that the two calibrations predict for the committed row, and what bounds it
+    (`host-bound (83% host, x0.95)`); None where a part's measure is missing on either machine."""
+    part = shares(row, committed)
+    ranks = int(row.get("dp_size") or row.get("world_size") or 1)
+    old, new = speeds(committed, ranks), speeds(rerun, ranks)
+    if not (old["host"] and new["host"]) or str(row.get("platform", "cpu")).lower() == "cpu":
+        part["python"] = part.pop("host")  # the one host measure both sets have
+    time_ratio = 0.0
+    for name, share in part.items():
+        if share <= 0:
+            continue
+        if not old[name] or not new[name]:
+            return None, f"no {MEASURES[name]} in both calibrations"
+        time_ratio += share / (new[name] / old[name])
+    bound = max(part, key=part.get)
+    word = "host" if bound == "python" else bound
+    return 1.0 / time_ratio, f"{word}-bound ({part[bound]:.0%} {word}, {MEASURES[bound]} x{new[bound] / old[bound]:.2f})"
