@@ -16,7 +16,9 @@ DDP_KEYS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_un
 
 
 def ddp_settings(ctx: RunContext, ddp_kwargs: dict) -> dict:
-    return {"engine": "torch.nn.parallel.DistributedDataParallel", "ddp": ddp_kwargs, **batch_settings(ctx),
+    engine = ("torch.nn.parallel.DistributedDataParallel" if ctx.world_size > 1 else
+              "the model itself: one rank, no DistributedDataParallel wrapper (its all-reduce would be the identity)")
+    return {"engine": engine, "ddp": ddp_kwargs, **batch_settings(ctx),
             "no_sync_on_accumulation": ctx.accum > 1, "optimizer": adamw_settings(ctx)}
 
 
@@ -29,14 +31,16 @@ class DDPEngine(Engine):
             self.master = [p.detach().clone().float() for p in model.parameters()]
             model.to(torch.bfloat16)
         self.model = model
+        self.wrapped = ctx.world_size > 1  # one rank: DDP's all-reduce is the identity, its per-parameter hooks
+        # and bucket copies only cost host time (and split a compiled model into one graph per bucket)
         self.module = DistributedDataParallel(
             model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-            process_group=ctx.dp_group, **ddp_kwargs)
+            process_group=ctx.dp_group, **ddp_kwargs) if self.wrapped else model
         self.optimizer = adamw(self.master if self.master is not None else model.parameters(), ctx)
         self.settings = ddp_settings(ctx, ddp_kwargs)
 
     def micro_step(self, last: bool):
-        return contextlib.nullcontext() if last else self.module.no_sync()
+        return contextlib.nullcontext() if last or not self.wrapped else self.module.no_sync()
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.ctx.accum).backward()

@@ -66,6 +66,7 @@ class Engine:
 
     module: torch.nn.Module
     settings: dict
+    cuda_graphs: bool = False  # the model replays CUDA graphs (compile_model with compile_mode reduce-overhead)
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -100,9 +101,12 @@ class Engine:
     def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.ctx.forward_loss is not None:  # a parallel dimension's view of the micro-batch (cp: a shard)
             return self.ctx.forward_loss(self.module, tokens, self.ctx)
+        if self.cuda_graphs:  # the previous call's graph outputs may be overwritten from here on
+            torch.compiler.cudagraph_mark_step_begin()
         with self.ctx.precision.autocast(self.ctx.device.type):
             logits = self.module(input_ids=input_ids(tokens)).logits
-        return (self.ctx.loss_fn or lm_loss)(logits, tokens)
+        loss = (self.ctx.loss_fn or lm_loss)(logits, tokens)
+        return loss.clone() if self.cuda_graphs and not torch.is_grad_enabled() else loss  # kept by evaluate
 
     def micro_step(self, last: bool):
         return contextlib.nullcontext()
@@ -153,6 +157,7 @@ def compile_model(engine: Engine, mode: str) -> dict:
     reduce-overhead the compiled forward and backward replay as CUDA graphs. DeepSpeed engines compile through
     their own `engine.compile` (training.strategies._deepspeed.deepspeed_compile_model)."""
     engine.module = torch.compile(engine.module, mode=mode)
+    engine.cuda_graphs = mode == "reduce-overhead" and engine.ctx.device.type == "cuda"
     return {"compile_model": f"torch.compile({type(engine.module._orig_mod).__name__}, mode={mode})"}
 
 
