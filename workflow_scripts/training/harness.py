@@ -70,7 +70,7 @@ def compiles(train: dict, family: str, layout: dict | None) -> bool:
     """Whether a run's resolved settings compile anything: its blocks, or its loss where the loss is ours (not a
     ViT's classifier loss, not under cp, whose sequence-sharded loss stays eager: parallel/sequence.py)."""
     loss = train.get("compile_loss") is True and family != "vit" and int((layout or {}).get("cp", 1)) == 1
-    return train.get("compile_blocks") is True or loss
+    return train.get("compile_blocks") is True or train.get("compile_model") is True or loss
 
 
 def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
