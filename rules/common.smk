@@ -7,7 +7,9 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from workflow_scripts import columns, config_check, container_image, study
 from workflow_scripts.report.report_hook import write_report_after_success
 from workflow_scripts.training.build_ops import export_extensions_dir
-from workflow_scripts.training.graceful_stop import forward_from_workflow as forward_sigterm_to_training_jobs
+from workflow_scripts.training.graceful_stop import (
+    forward_from_workflow as forward_sigterm_to_training_jobs,
+)
 from workflow_scripts.training.layout import Layout
 
 try:
