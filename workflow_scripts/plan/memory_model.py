@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2}
-
 
 @dataclass(frozen=True)
 class Shape:

@@ -12,8 +12,6 @@ from types import SimpleNamespace
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.training.models import MODELS, image_size
 
-METHODS = ("analytic", "traced")
-
 
 def shape(model: str, overrides: dict | None, n_params: int, vocab: int, loss_tokens: int = 1) -> mm.Shape:
     spec = MODELS[model]

@@ -12,7 +12,7 @@ e.g. `dp2-pp2-tp2`. The key is part of the run path, the run id and every table 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 MESH_ORDER = ("pp", "dp", "cp", "tp")  # outermost to innermost
 KEY_ORDER = ("dp", "pp", "tp", "cp", "ep")
@@ -122,6 +122,3 @@ class Layout:
                 out.append(f"{where}.ep: {self.ep} must divide dp x cp = {self.dp * self.cp} (experts are "
                            "sharded over ranks that hold different data)")
         return out
-
-
-DEGREES = tuple(f.name for f in fields(Layout))
