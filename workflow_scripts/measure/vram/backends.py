@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-MB = 1024 * 1024
+MIB = 1024 * 1024  # amdsmi's vram_usage unit
 DEVICE_BACKENDS = ("nvml", "amdsmi", "torch")
 ALL_BACKENDS = DEVICE_BACKENDS + ("host",)
 
@@ -232,8 +232,8 @@ class AmdSmiBackend(Backend):
         total = self._call("amdsmi_get_gpu_memory_total", handle)
         if used is None or total is None:
             usage = self.smi.amdsmi_get_gpu_vram_usage(handle)
-            used = int(usage["vram_used"]) * MB if used is None else used
-            total = int(usage["vram_total"]) * MB if total is None else total
+            used = int(usage["vram_used"]) * MIB if used is None else used
+            total = int(usage["vram_total"]) * MIB if total is None else total
         return used, total
 
     def _process_bytes(self, handle: Any, pids: set[int]) -> int | None:
