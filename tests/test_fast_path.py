@@ -84,33 +84,23 @@ def test_what_counts_as_compiled_for_the_memory_model():
 
 
 def test_the_whole_model_compiled_trains_as_eager_on_one_unwrapped_rank(token_data, tmp_path):
-    """train.compile_model on one CPU rank: the same losses as eager within float tolerance, no DDP wrapper there
-    (one rank's all-reduce is the identity), the lever recorded; refused before any job on a tensor-parallel
-    layout. Its speed is measured on a GPU (BENCHMARKS.md Part 1c)."""
+    """train.compile_model on one CPU rank: the same losses as the eager run (the reference run the sequence-parallel
+    test shares, conftest.run_layout) within float tolerance, no DDP wrapper there (one rank's all-reduce is the
+    identity), the lever recorded; refused before any job on a tensor-parallel layout. Its speed is measured on a
+    GPU (BENCHMARKS.md Part 1c)."""
     import json
 
-    import pandas as pd
     import pytest
 
-    from conftest import launch_spec
-    from test_resume_config import launch
+    from conftest import run_layout
     from workflow_scripts import config_check
 
-    losses = {}
-    for whole in (False, True):
-        path = launch_spec(token_data, tmp_path, f"whole{whole}")
-        spec = json.loads(path.read_text())
-        spec.update(world_size=1, work_dir=str(tmp_path / f"w{whole}"), strategy="ddp")
-        spec["train"].update(max_steps=6, checkpoint_every=0, log_every=2, compile_model=whole)
-        path.write_text(json.dumps(spec))
-        rc, log = launch(path)
-        assert rc == 0, log[-3000:]
-        out = tmp_path / f"whole{whole}" / "out"
-        losses[whole] = pd.read_csv(out / "metrics.csv").loss.tolist()
-        settings = json.loads((out / "strategy_settings.json").read_text())
-        assert settings["engine"].startswith("the model itself: one rank")
-    assert settings["harness"]["compile_model"] == "torch.compile(GPT2LMHeadModel, mode=default)"
-    assert losses[True] == pytest.approx(losses[False], abs=1e-4) and losses[True][-1] < losses[True][0]
+    _, eager = run_layout(token_data, tmp_path, "1d", "qwen2-tiny", "ddp", {"dp": 1})
+    _, whole = run_layout(token_data, tmp_path, "whole", "qwen2-tiny", "ddp", {"dp": 1}, compile_model=True)
+    settings = json.loads((tmp_path / "whole/out/strategy_settings.json").read_text())
+    assert settings["engine"].startswith("the model itself: one rank")
+    assert settings["harness"]["compile_model"] == "torch.compile(Qwen2ForCausalLM, mode=default)"
+    assert whole == pytest.approx(eager, abs=1e-4) and whole[-1] < whole[0]
     refused = config_check.layout_problems({"train": {"compile_model": True}, "data": {}, "models": ["gpt2-tiny"],
                                             "strategies": ["ddp"], "world_sizes": [], "layouts": [{"dp": 1, "tp": 2}]})
     assert refused[-1] == ("layouts[0]: train.compile_model compiles data-parallel layouts only (dp1-tp2); use "
