@@ -40,13 +40,23 @@ def speeds(cal: dict, ranks: int) -> dict:
             "host": 1e6 * len(launch) / sum(launch) if launch else None, "python": cal.get("cpu_single_thread")}
 
 
+def ranks_of(row) -> int:
+    return int(row.get("dp_size") or row.get("world_size") or 1)
+
+
+def on_cpu(row) -> bool:
+    return str(row.get("platform", "cpu")).lower() == "cpu"
+
+
 def shares(row, cal: dict) -> dict:
     """The committed row's step split into compute, communication and host (fractions summing to 1)."""
-    if str(row.get("platform", "cpu")).lower() == "cpu":
+    return split(row, speeds(cal, ranks_of(row)))
+
+
+def split(row, speed: dict) -> dict:
+    if on_cpu(row):
         return {"compute": 0.0, "communication": 0.0, "host": 1.0}
-    ranks = int(row.get("dp_size") or row.get("world_size") or 1)
-    speed = speeds(cal, ranks)
-    step_s = float(row["tokens_per_step"]) / float(row["tokens_per_s"])
+    ranks, step_s = ranks_of(row), float(row["tokens_per_step"]) / float(row["tokens_per_s"])
     compute = 0.0
     if speed["compute"]:
         achieved = float(row["tokens_per_s"]) * float(row["flops_per_token"]) / int(row.get("world_size") or 1)
@@ -60,19 +70,20 @@ def shares(row, cal: dict) -> dict:
 
 def predicted_ratio(row, committed: dict, rerun: dict) -> tuple[float | None, str]:
     """Rerun / committed tokens/s that the two calibrations predict for the committed row, and what bounds it
-    (`host-bound (83% host, x0.95)`); None where a part's measure is missing on either machine."""
-    part = shares(row, committed)
-    ranks = int(row.get("dp_size") or row.get("world_size") or 1)
-    old, new = speeds(committed, ranks), speeds(rerun, ranks)
-    if not (old["host"] and new["host"]) or str(row.get("platform", "cpu")).lower() == "cpu":
-        part["python"] = part.pop("host")  # the one host measure both sets have
+    (`host-bound (83% host, kernel launches/s x0.95)`); None where a part's measure is missing on either machine."""
+    old, new = speeds(committed, ranks_of(row)), speeds(rerun, ranks_of(row))
+    part = split(row, old)
+    # the host part follows the launch cost where both sets measured it (GPU), else single-thread CPU speed
+    measure = {"compute": "compute", "communication": "communication",
+               "host": "host" if old["host"] and new["host"] and not on_cpu(row) else "python"}
     time_ratio = 0.0
     for name, share in part.items():
+        key = measure[name]
         if share <= 0:
             continue
-        if not old[name] or not new[name]:
-            return None, f"no {MEASURES[name]} in both calibrations"
-        time_ratio += share / (new[name] / old[name])
+        if not old[key] or not new[key]:
+            return None, f"no {MEASURES[key]} in both calibrations"
+        time_ratio += share / (new[key] / old[key])
     bound = max(part, key=part.get)
-    word = "host" if bound == "python" else bound
-    return 1.0 / time_ratio, f"{word}-bound ({part[bound]:.0%} {word}, {MEASURES[bound]} x{new[bound] / old[bound]:.2f})"
+    key = measure[bound]
+    return 1.0 / time_ratio, f"{bound}-bound ({part[bound]:.0%} {bound}, {MEASURES[key]} x{new[key] / old[key]:.2f})"

@@ -102,6 +102,12 @@ class MeanCI:
         return self.mean + self.half_width
 
 
+def within(diff, tol: float) -> bool:
+    """A difference within a tolerance, inclusively: one equal to the tolerance passes whatever the float rounding
+    (verify's tolerances, the zero0-vs-ddp consistency check)."""
+    return diff is not None and abs(diff) <= tol * (1 + 1e-9) + 1e-12
+
+
 def finite(values: Iterable) -> list[float]:
     """The values that are real numbers (None, NaN, inf and non-numbers dropped)."""
     out = []

@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from workflow_scripts.columns import GROUP_KEYS
-from workflow_scripts.report.stats import ALPHA, compare, mean_ci
+from workflow_scripts.report.stats import ALPHA, compare, mean_ci, within
 
 # ---------------------------------------------------------------- input contract (written by the parse stage)
 RUN_COLUMNS = [
@@ -256,7 +256,7 @@ def consistency(runs: pd.DataFrame, tolerance: float) -> pd.DataFrame:
             diff = max((abs(a - b) for a, b in pairs), default=math.nan) if reference else math.nan
             if reference:
                 out.append({"model": model, "layout": layout, "strategy": name, "consistency_reference": reference,
-                            "consistency_loss_diff": diff, "consistency_ok": bool(diff <= tolerance * (1 + 1e-9))
+                            "consistency_loss_diff": diff, "consistency_ok": within(diff, tolerance)
                             if pairs else None, "consistency_tolerance": tolerance})
     return pd.DataFrame(out, columns=KEYS + CONSISTENCY)
 

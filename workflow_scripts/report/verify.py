@@ -40,11 +40,11 @@ import pandas as pd
 from workflow_scripts import columns as C
 from workflow_scripts import replay, schema
 from workflow_scripts.plan import bound
+from workflow_scripts.report.stats import within
 
 KEYS = ["model", "strategy", "layout", "repeat"]
 PASSING = ("reproduced", "differs-explained")
 MEMORY = {"gpu": ["peak_allocated_bytes"], "cpu": ["peak_host_rss_bytes", "sampler_peak_process_bytes"]}
-EPS = 1e-9  # tolerances are inclusive: a difference equal to one passes whatever the float rounding
 
 
 def rows(results_dir: Path) -> pd.DataFrame:
@@ -80,10 +80,6 @@ def spread(table: pd.DataFrame, how: str) -> dict:
     return {"loss_abs": largest([same["final_loss_diff"], same["val_loss_diff"]]),
             "memory_rel": largest([same["peak_memory_rel_diff"]]),
             "throughput_rel": largest([same["throughput_ratio"] - 1.0]), "rows": len(same), "how": how}
-
-
-def within(diff, tol: float) -> bool:
-    return diff is not None and abs(diff) <= tol * (1 + EPS) + 1e-12
 
 
 def number(value) -> float | None:

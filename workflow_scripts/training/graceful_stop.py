@@ -124,10 +124,9 @@ class RankStop:
 
     @staticmethod
     def leave(out_dir: Path, step: int, rank: int) -> None:
-        """After the checkpoint of `step` is complete on every rank."""
+        """After the checkpoint of `step` is complete on every rank (the launcher says so in the job's log)."""
         if rank == 0:
             (out_dir / STOPPED_MARKER).write_text(json.dumps({"step": step}))
-            print(f"stopped by SIGTERM after step {step}; its checkpoint is saved", flush=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(STOPPED_EXIT)
