@@ -38,6 +38,14 @@ ID_COLUMNS = ["run_id", "model", "strategy", "layout", "world_size", "repeat"]
 # what identifies a group of repeats (one row of the summary table)
 GROUP_KEYS = ["model", "strategy", "layout"]
 STEP_COLUMNS = ID_COLUMNS + METRIC_COLUMNS
+
+
+def layout_key(layout, world_size) -> str:
+    """A row's layout key; rows and summaries written before layouts existed have none: pure data parallel."""
+    if layout is None or str(layout) in ("", "nan", "<NA>"):  # None, NaN, pandas' NA or empty
+        return f"ws{int(float(world_size))}"
+    return str(layout)
+
 VRAM_COLUMNS = ID_COLUMNS + SAMPLER_COLUMNS
 
 # ---------------------------------------------------------------- figures (rules/figures.smk and report/figures.py)

@@ -72,7 +72,7 @@ def problems(against: str | None) -> list[str]:
     for r in rows:
         if r.get("status") != "ok":
             continue
-        layout = r.get("layout") or f"ws{r['world_size']}"
+        layout = C.layout_key(r.get("layout"), r["world_size"])
         path = run_dir(against, r["model"], r["strategy"], layout, int(float(r["repeat"]))) / C.RUN_SPEC
         if not path.exists():
             out.append(f"verify.against: {path} is missing: the committed run's resolved settings cannot be "

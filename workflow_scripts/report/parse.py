@@ -40,7 +40,7 @@ def run_row(run_dir: Path, tables_dir: Path) -> dict:
     summary = retimed(json.loads((run_dir / C.SUMMARY).read_text()), run_dir)
     strategy = STRATEGIES.get(summary["strategy"])
     row = _flat(summary)
-    row.setdefault("layout", f"ws{summary['world_size']}")  # runs from before layouts: pure data parallel
+    row["layout"] = C.layout_key(row.get("layout"), summary["world_size"])
     row["reason"] = summary.get("reason")
     row["in_figures"] = bool(strategy.in_figures) if strategy else True
     row["provenance"] = os.path.relpath(run_dir / C.PROVENANCE, tables_dir)

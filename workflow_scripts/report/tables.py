@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.columns import GROUP_KEYS
+from workflow_scripts.columns import GROUP_KEYS, layout_key
 from workflow_scripts.report.stats import ALPHA, compare, mean_ci, within
 
 # ---------------------------------------------------------------- input contract (written by the parse stage)
@@ -132,12 +132,8 @@ def with_layout(df: pd.DataFrame) -> pd.DataFrame:
     """world_size as int, and the layout key of rows written before layouts existed (pure data parallel)."""
     df = df.copy()
     df["world_size"] = pd.to_numeric(df["world_size"], errors="coerce").fillna(1).astype(int)
-    if "layout" not in df.columns:
-        df["layout"] = pd.NA
-    missing = df["layout"].isna() | (df["layout"].astype(str) == "")
-    df["layout"] = df["layout"].astype(object)
-    df.loc[missing, "layout"] = "ws" + df.loc[missing, "world_size"].astype(str)
-    df["layout"] = df["layout"].astype(str)
+    layouts = df["layout"] if "layout" in df.columns else [None] * len(df)
+    df["layout"] = [layout_key(layout, ws) for layout, ws in zip(layouts, df["world_size"])]
     return df
 
 

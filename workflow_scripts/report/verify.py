@@ -41,6 +41,7 @@ from workflow_scripts import columns as C
 from workflow_scripts import replay, schema
 from workflow_scripts.plan import bound
 from workflow_scripts.report.stats import within
+from workflow_scripts.report.tables import with_layout
 
 KEYS = ["model", "strategy", "layout", "repeat"]
 PASSING = ("reproduced", "differs-explained")
@@ -48,9 +49,7 @@ MEMORY = {"gpu": ["peak_allocated_bytes"], "cpu": ["peak_host_rss_bytes", "sampl
 
 
 def rows(results_dir: Path) -> pd.DataFrame:
-    runs = pd.read_csv(results_dir / C.RUNS_TABLE)
-    if "layout" not in runs:  # tables older than layouts: pure data parallel
-        runs["layout"] = "ws" + runs["world_size"].astype(str)
+    runs = with_layout(pd.read_csv(results_dir / C.RUNS_TABLE))
     runs["repeat"] = runs["repeat"].astype(int)
     return runs.set_index(KEYS)
 
