@@ -26,26 +26,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.columns import GROUP_KEYS, layout_key
+from workflow_scripts.columns import GROUP_KEYS, RUN_COLUMNS, RUN_TEXT, layout_key
 from workflow_scripts.report.stats import ALPHA, compare, mean_ci, within
 
-# ---------------------------------------------------------------- input contract (written by the parse stage)
-RUN_COLUMNS = [
-    "run_id", "study", "model", "strategy", "family", "zero_stage", "layout", "world_size", "repeat", "platform",
-    "device_name", "precision", "precision_detail", "status", "reason", "in_figures", "n_params", "n_layer",
-    "d_model", "seq_len", "vocab_size", "micro_batch", "grad_accum", "effective_batch", "tokens_per_step", "steps",
-    "steps_per_epoch", "epochs", "train_samples", "time_per_epoch_s", "train_time_s", "step_time_median_s",
-    "step_time_p90_s", "forward_median_s", "backward_median_s", "optimizer_median_s", "tokens_per_s",
-    "samples_per_s", "flops_per_token", "peak_tflops", "mfu", "peak_allocated_bytes", "peak_reserved_bytes",
-    "peak_host_rss_bytes", "initial_loss", "final_loss", "val_loss_initial", "val_loss_final", "val_ppl_final",
-    "predicted_model_state_bytes", "predicted_host_state_bytes", "sampler_status", "sampler_peak_device_bytes",
-    "sampler_peak_host_bytes", "predicted_peak_bytes", "predicted_device_peak_bytes", "predicted_peak_note",
-    "val_accuracy_initial",
-    "val_accuracy_final", "trainable_params", "provenance", "settings",
-]
-RUN_TEXT = {"run_id", "study", "model", "strategy", "family", "layout", "platform", "device_name", "precision",
-            "precision_detail", "status", "reason", "in_figures", "sampler_status", "provenance", "settings",
-            "predicted_peak_note"}
 KEYS = GROUP_KEYS  # one summary row per (model, strategy, layout)
 
 # fixed, readable order of strategies (unknown ones follow, alphabetically)
