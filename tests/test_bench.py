@@ -10,11 +10,12 @@ import pytest
 
 from conftest import overlay, snakemake
 
-# ddp and a DeepSpeed stage (the exact-JSON check); fsdp is left out on CPU: accelerate has no FSDP on CPU ranks,
-# the Trainer would train it with DDP (recorded as settings.trainer_fsdp_active on GPU runs)
+# A DeepSpeed stage against the Trainer (the exact-JSON check; DDP runs as the lever ladder's strategy); fsdp is left
+# out on CPU: accelerate has no FSDP on CPU ranks, the Trainer would train it with DDP (recorded as
+# settings.trainer_fsdp_active on GPU runs).
 # The Trainer in its eager setting and with Liger (not installed here, and no Liger patch for GPT-2: the row says
 # so); torch_compile=True is the GPU benchmark's (compiling on two CPU cores would double the suite's time).
-BENCH = {"model": "gpt2-tiny", "world_size": 2, "strategies": ["ddp", "zero2"], "rounds": 1,
+BENCH = {"model": "gpt2-tiny", "world_size": 2, "strategies": ["zero2"], "rounds": 1,
          "trainer_settings": ["eager", "liger"], "harness": {"compile_loss": True},
          "levers": [{"name": "eager", "train": {}},
                     {"name": "compiled", "train": {"compile_loss": True, "compile_blocks": True}}]}
