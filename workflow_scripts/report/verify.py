@@ -23,7 +23,9 @@ Measures: final training and validation loss (absolute difference); peak memory 
 GPU, the ranks' peak host RSS and the sampler's process peak on CPU); throughput (rerun / committed tokens/s).
 Every tolerance is inclusive. A committed set may record its run-to-run spread (`verify/run_to_run.json`: the
 largest loss, memory and throughput differences of two runs of the same rows on one machine, `--record-spread`);
-each replaces its `verify.tolerances` value where it is larger.
+each replaces its `verify.tolerances` value where it is larger. Where the committed set holds several repeats of a
+run, their own spread in tokens/s (largest / smallest - 1, column `repeat_spread`) replaces the throughput
+tolerance of that run's rows where it is larger: a rerun within what the set measured of itself reproduces it.
 
 `compare` writes reproduction.csv / .md; `--check` prints the table and exits 1 when any row is neither
 reproduced nor explained (the target fails, the table stays).
@@ -64,6 +66,17 @@ def recorded_tolerances(committed: Path, tol: dict) -> tuple[dict, str]:
     wider = {k: float(spread[k]) for k in tol if spread.get(k) is not None and float(spread[k]) > tol[k]}
     return {**tol, **wider}, (f"verify.tolerances; run-to-run spread of {path} for {', '.join(sorted(wider))}"
                               if wider else "verify.tolerances")
+
+
+def repeat_spread(runs: pd.DataFrame) -> dict:
+    """Per (model, strategy, layout) with at least two `ok` repeats in tokens/s: largest / smallest - 1."""
+    ok = runs[runs["status"] == "ok"].reset_index()
+    out = {}
+    for key, group in ok.groupby(KEYS[:-1]):
+        speed = pd.to_numeric(group["tokens_per_s"], errors="coerce").dropna()
+        if len(speed) >= 2 and speed.min() > 0:
+            out[key] = float(speed.max() / speed.min() - 1.0)
+    return out
 
 
 def spread(table: pd.DataFrame, how: str) -> dict:
@@ -139,7 +152,8 @@ def judge(m: dict, predicted: float | None, what_bounds: str, tol: dict) -> tupl
     return "differs-unexplained", ", ".join(off + ([] if speed_ok else ["throughput"]))
 
 
-def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committed: Path, cals, tol) -> dict:
+def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committed: Path, cals, tol,
+                spreads: dict) -> dict:
     out = dict(zip(KEYS, key))
     if key not in old.index or key not in new.index:
         return {**out, "verdict": "missing", "why": f"only in the {'rerun' if key in new.index else 'committed set'}"}
@@ -148,6 +162,9 @@ def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committe
     m = measures(n, o) if n["status"] == o["status"] == "ok" else {}
     if m and all(cals):
         m["calibration_ratio"], m["bound"] = bound.predicted_ratio(o, *cals)
+    if m and key[:-1] in spreads:
+        m["repeat_spread"] = spreads[key[:-1]]
+        tol = {**tol, "throughput_rel": max(tol["throughput_rel"], m["repeat_spread"])}
     if changed:
         return {**out, **m, "verdict": "settings-changed", "why": "; ".join(changed)}
     if n["status"] != o["status"]:
@@ -164,8 +181,9 @@ def compare(rerun: Path, committed: Path, tolerances: dict | None = None) -> pd.
     new, old = rows(rerun), rows(committed)
     cals = (bound.calibration(committed), bound.calibration(rerun))
     keys = list(old.index) + [k for k in new.index if k not in old.index]  # the committed set's order first
-    table = pd.DataFrame([row_verdict(k, new, old, rerun, committed, cals, tol) for k in keys])
-    for column in ("calibration_ratio", "bound"):  # empty where no row was compared or a set has no calibration
+    spreads = repeat_spread(old)
+    table = pd.DataFrame([row_verdict(k, new, old, rerun, committed, cals, tol, spreads) for k in keys])
+    for column in ("calibration_ratio", "bound", "repeat_spread"):  # empty where no row was compared or a set has no calibration
         table[column] = table[column] if column in table else None
     table.attrs["tolerances"] = {**tol, "source": source}
     return table
