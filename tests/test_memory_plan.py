@@ -118,7 +118,9 @@ def test_the_planner_says_what_fits_on_known_cases():
     assert at_80[("zero3_offload", 1)] == 8
     at = frame.set_index(["strategy", "gpus", "micro_batch"])["predicted_gib"]
     assert at[("zero3", 2, 8)] < at[("zero3", 1, 8)]  # ZeRO-3 shards the states over the GPUs
-    assert at[("ddp", 2, 8)] == at[("ddp", 1, 8)]  # DDP replicates them
+    # DDP replicates them; on two GPUs it adds its gradient buckets (fp32: 4 bytes x 774 M parameters), which one
+    # rank, not wrapped, does not have
+    assert at[("ddp", 2, 8)] - at[("ddp", 1, 8)] == pytest.approx(4 * 774.0e6 / 2**30, rel=0.01)
     assert at[("zero3_offload", 1, 8)] < at[("zero3", 1, 8)]
     small = rows(plan_config(gpu_memory_gib=16))
     assert not small.set_index(["strategy", "gpus", "micro_batch"]).loc[("ddp", 1, 16), "fits"]
@@ -172,7 +174,7 @@ def test_refuse_oom_keeps_a_run_that_would_not_fit_from_starting(tmp_path):
     guard = {"gpu_memory_gib": 80, "headroom_gib": 2, "usable_bytes": 78 * 2**30}
     assert predicted_oom(spec, ctx) is None  # no guard: never refused
     reason = predicted_oom({**spec, "memory_guard": guard}, ctx)
-    assert reason.startswith("not started: predicted device-wide peak 98.7 GiB per GPU (torch-allocated 82.8) "
+    assert reason.startswith("not started: predicted device-wide peak 95.3 GiB per GPU (torch-allocated 79.9) "
                              "> 78.0 GiB usable") and "plan.refuse_oom" in reason
     assert predicted_oom({**spec, "memory_guard": guard}, SimpleNamespace(micro_batch=8, accum=1)) is None
     compiled = {**spec, "memory_guard": guard, "train": {**spec["train"], "compile_blocks": True}}

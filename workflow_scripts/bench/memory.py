@@ -42,12 +42,13 @@ def table(results: Path) -> pd.DataFrame:
     for name, run_dir, device in committed_rows(results):
         spec = json.loads((run_dir / C.RUN_SPEC).read_text())
         summary = json.loads((run_dir / C.SUMMARY).read_text())
+        settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
         measured = summary["peak_allocated_bytes"]
         row = {"set": name, "model": spec["model"], "strategy": spec["strategy"],
                "layout": summary.get("layout", f"ws{spec['world_size']}"), "precision": spec["precision"],
                "micro_batch": summary["micro_batch"], "measured_gib": measured / GIB}
         for method in ("analytic", "traced"):
-            p = predict_run(spec, summary, method)
+            p = predict_run(spec, summary, method, settings)
             row[f"{method}_gib"] = p.total / GIB if p.modelled else None
             row[f"{method}_error_pct"] = (p.total / measured - 1) * 100 if p.modelled else None
             row["not_modelled"] = p.why

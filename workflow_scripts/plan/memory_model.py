@@ -131,13 +131,14 @@ REDUCE_BUCKET = 5e8  # DeepSpeed's default reduce_bucket_size (elements)
 
 
 def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str, offload_optimizer: bool,
-                 reduce_bucket: float = REDUCE_BUCKET) -> float:
+                 reduce_bucket: float = REDUCE_BUCKET, ddp_wrapped: bool = True) -> float:
     """What the strategy's engine holds beyond parameters and optimizer states at the start of backward (bytes);
     `p` = parameters on the rank before data-parallel sharding.
     - DDP: its gradient buckets, a flat copy of every gradient (in the gradients' dtype); they stay allocated
       between steps also when the gradients are views into them (gradient_as_bucket_view only saves the separate
       .grad tensors). DDP rebuilds its buckets after the first step (measured: a transient second copy, at a
-      moment of low memory, so not the peak).
+      moment of low memory, so not the peak). None when the model is not wrapped (`ddp_wrapped`: one rank,
+      training/strategies/_ddp.py; runs made before that change were wrapped at one rank too).
     - DeepSpeed with fp32 parameters (fp32, bf16-mixed): the optimizer's fp32 partition is a clone of the fp32
       parameters, 4p/dp more (under bf16-pure that master copy is already in the optimizer states); with the
       optimizer offloaded it lives on the host. ZeRO-3 adds its flat gradient-partition buffer (gradient dtype;
@@ -146,7 +147,7 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
       Stage 2's gradient partition is not alive at the start of backward (measured: ZeRO-2 peaks as ZeRO-1).
     - FSDP2: nothing beyond the shards at that point (its unsharded block is freed after forward)."""
     if family == "ddp":
-        return state_bytes(family, precision)[1] * p
+        return state_bytes(family, precision)[1] * p if ddp_wrapped else 0.0
     if family != "deepspeed":
         return 0.0
     fp32_params = precision != "bf16-pure"
@@ -218,13 +219,14 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
                micro_batch: int, seq_len: int, grad_accum: int, checkpointing: bool, layout: dict | None = None,
                offload_optimizer: bool = False, offload_params: bool = False,
                traced_per_layer: float | None = None, reduce_bucket: float = REDUCE_BUCKET,
-               trainable: float | None = None, input_bytes: float = 0.0) -> Prediction:
+               trainable: float | None = None, input_bytes: float = 0.0, ddp_wrapped: bool | None = None) -> Prediction:
     """The peak of the fullest rank (Prediction.parts in bytes; total = the predicted max_memory_allocated).
     `dp`: the ranks the data-parallel strategy shards over (dp x cp). `traced_per_layer`: a decoder layer's saved
     bytes per token counted by torch (traced.py), its bf16 weight casts included, in place of the hand count.
     `trainable`: parameters that train (LoRA: the adapters and the head), default all; only they have gradients,
     optimizer states and gradient buckets. `input_bytes`: the micro-batch as the model receives it (token ids; for
     an image row its int64 copy, the pixels, their normalised copy and its cast: 10 bytes per pixel value).
+    `ddp_wrapped`: whether a DDP-family model is wrapped (its gradient buckets); default: on more than one rank.
 
     Layouts: tp divides the block parameters and the sharded part of the activations (tp_split); cp divides the
     tokens of every rank (Ulysses: each rank keeps 1/cp of the sequence); pp gives stage s the blocks L/pp, the
@@ -242,14 +244,15 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
     act_layer = replicated + sharded / tp
     if traced_per_layer is not None:  # torch's count, scaled by the same tp split
         act_layer = traced_per_layer * act_layer / (replicated + sharded)
+    world = dp * pp * tp
     stages = [stage_parts(shape, family, zero_stage, precision, dp, micro_batch * seq_len / cp, grad_accum,
                           checkpointing, s, pp, tp, embed, blocks, act_layer, offload_optimizer, offload_params,
                           traced=traced_per_layer is not None, reduce_bucket=reduce_bucket,
-                          train_frac=(trainable or shape.n_params) / shape.n_params) for s in range(pp)]
+                          train_frac=(trainable or shape.n_params) / shape.n_params,
+                          ddp_wrapped=world > 1 if ddp_wrapped is None else ddp_wrapped) for s in range(pp)]
     for stage in stages:
         stage["input batch"] = input_bytes
     parts = max(stages, key=lambda x: sum(x.values()))
-    world = dp * pp * tp
     return Prediction(True, "", parts, "traced" if traced_per_layer is not None else "analytic",
                       device_peak(sum(parts.values()), family, world, layout))
 
@@ -257,7 +260,7 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
 def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: int, n: float, accum: int,
                 checkpointing: bool, stage: int, pp: int, tp: int, embed: float, blocks: float, act_layer: float,
                 offload_optimizer: bool, offload_params: bool, traced: bool, reduce_bucket: float,
-                train_frac: float = 1.0) -> dict:
+                train_frac: float = 1.0, ddp_wrapped: bool = True) -> dict:
     """One pipeline stage's parts (the whole model when pp = 1)."""
     first, last = stage == 0, stage == pp - 1
     layers = shape.n_layer / pp
@@ -283,7 +286,7 @@ def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: 
         "parameters": 0.0 if offload_params else param_b / (dp if zero_stage >= 3 else 1),
         "optimizer states": 0.0 if offload_optimizer else opt_b / (dp if zero_stage >= 1 else 1),
         "engine buffers": engine_bytes(family, zero_stage, p * train_frac, dp, precision, offload_optimizer,
-                                       reduce_bucket),
+                                       reduce_bucket, ddp_wrapped),
         "gradients (accumulating)": grads,
         "weight casts": casts,
         "activations": activations,

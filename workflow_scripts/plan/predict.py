@@ -78,8 +78,9 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
             grad_accum: int, vocab: int, n_params: int | None = None, overrides: dict | None = None,
             layout: dict | None = None, options: dict | None = None, checkpointing: bool = False,
             compiled: bool = False, method: str = "analytic", trainable: int | None = None,
-            lora: dict | None = None) -> mm.Prediction:
-    """The predicted peak of one rank for these settings (`method`: analytic | traced)."""
+            lora: dict | None = None, ddp_wrapped: bool | None = None) -> mm.Prediction:
+    """The predicted peak of one rank for these settings (`method`: analytic | traced; `ddp_wrapped`: see
+    memory_model.eager_peak)."""
     import json
 
     from workflow_scripts.training.strategies import STRATEGIES
@@ -109,11 +110,13 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
                       checkpointing=checkpointing, layout=layout, compiled=compiled, offload_optimizer=off_opt,
                       offload_params=off_par, traced_per_layer=per_layer,
                       reduce_bucket=float((options or {}).get("reduce_bucket_size", mm.REDUCE_BUCKET)),
-                      trainable=trainable, input_bytes=micro_batch * sample_bytes(model, seq_len))
+                      trainable=trainable, input_bytes=micro_batch * sample_bytes(model, seq_len),
+                      ddp_wrapped=ddp_wrapped)
 
 
-def predict_run(spec: dict, summary: dict, method: str = "analytic") -> mm.Prediction:
-    """From a run's run_spec.json and summary.json (ok runs: the summary has the model's size)."""
+def predict_run(spec: dict, summary: dict, method: str = "analytic", settings: dict | None = None) -> mm.Prediction:
+    """From a run's run_spec.json and summary.json (ok runs: the summary has the model's size), and its
+    strategy_settings.json where there is one (the engine it recorded: whether DDP wrapped the model)."""
     from workflow_scripts.training.harness import compiles
 
     t = spec["train"]
@@ -124,4 +127,6 @@ def predict_run(spec: dict, summary: dict, method: str = "analytic") -> mm.Predi
                    overrides=spec.get("model_overrides"), layout=spec.get("layout"), options=spec.get("options"),
                    checkpointing=bool(t.get("gradient_checkpointing")),
                    compiled=compiles(t, MODELS[spec["model"]].family, spec.get("layout")), method=method,
-                   trainable=summary.get("trainable_params"))
+                   trainable=summary.get("trainable_params"),
+                   ddp_wrapped=str((settings or {}).get("engine", "")).startswith("torch.nn.parallel.Distributed")
+                   if settings and "engine" in settings else None)

@@ -57,7 +57,8 @@ def predicted_peak(summary: dict, run_dir: Path) -> dict:
                 "predicted_peak_note": "no GPU peak to predict"}
     from workflow_scripts.plan.predict import predict_run
 
-    p = predict_run(json.loads((run_dir / C.RUN_SPEC).read_text()), summary, "analytic")
+    settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
+    p = predict_run(json.loads((run_dir / C.RUN_SPEC).read_text()), summary, "analytic", settings)
     return {"predicted_peak_bytes": p.total, "predicted_device_peak_bytes": p.device,
             "predicted_peak_note": (f"{p.method}, {p.why}" if p.bound else p.method) if p.modelled else p.why}
 
