@@ -105,3 +105,67 @@ def test_the_whole_model_compiled_trains_as_eager_on_one_unwrapped_rank(token_da
                                             "strategies": ["ddp"], "world_sizes": [], "layouts": [{"dp": 1, "tp": 2}]})
     assert refused[-1] == ("layouts[0]: train.compile_model compiles data-parallel layouts only (dp1-tp2); use "
                            "train.compile_blocks")
+
+
+def test_the_chunked_loss_gives_the_heads_loss_and_gradients():
+    """train.chunked_loss on a tied GPT-2 (uneven chunks of 7 rows, context-only tokens ignored): the loss and every
+    gradient of the unfused head + lm_loss, in fp32 to float precision and under bf16 autocast to bf16's rounding;
+    the head stays tied; without gradients it only evaluates."""
+    import types
+
+    import pytest
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from workflow_scripts.training import chunked_loss
+    from workflow_scripts.training.strategies.base import input_ids, lm_loss
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=101, n_positions=16, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    plain, chunked = GPT2LMHeadModel(cfg), GPT2LMHeadModel(cfg)
+    chunked.load_state_dict(plain.state_dict())
+    chunked_loss.install(chunked, 7)
+    assert chunked.lm_head.weight is chunked.transformer.wte.weight
+    tokens = torch.randint(0, 101, (3, 16))
+    tokens[0, :5] = -tokens[0, :5] - 1  # context only: not trained
+
+    for dtype, grad_tol in ((torch.float32, 1e-6), (torch.bfloat16, 2e-3)):
+        autocast = lambda device: torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32)  # noqa: E731
+        ctx = types.SimpleNamespace(chunked_head=chunked.lm_head, device=torch.device("cpu"),
+                                    precision=types.SimpleNamespace(autocast=autocast))
+        plain.zero_grad(), chunked.zero_grad()
+        with autocast("cpu"):
+            want = lm_loss(plain(input_ids=input_ids(tokens)).logits, tokens)
+        want.backward()
+        got = chunked_loss.forward_loss(chunked, tokens, ctx)
+        got.backward()
+        assert got.item() == pytest.approx(want.item(), abs=1e-6)
+        for (name, p), q in zip(plain.named_parameters(), chunked.parameters()):
+            assert (p.grad - q.grad).abs().max() <= grad_tol, name
+        with torch.no_grad():
+            assert chunked_loss.forward_loss(chunked, tokens, ctx).item() == pytest.approx(want.item(), abs=1e-6)
+
+
+def test_the_chunked_loss_trains_like_the_head_under_fsdp(token_data, tmp_path):
+    """Two FSDP2 ranks (the head's weight sharded, gathered for its forward, reduce-scattered after): the per-step
+    losses of the unfused run (the tensor-parallel test's reference, conftest.run_layout); refused by name before
+    any job where it cannot run."""
+    import json
+
+    import pytest
+
+    from conftest import run_layout
+    from workflow_scripts import config_check
+
+    _, want = run_layout(token_data, tmp_path, "1d", "qwen2-tiny", "fsdp", {"dp": 2})
+    summary, got = run_layout(token_data, tmp_path, "chunked", "qwen2-tiny", "fsdp", {"dp": 2}, chunked_loss=64)
+    assert got == pytest.approx(want, abs=1e-4) and got[-1] < got[0]
+    settings = json.loads((tmp_path / "chunked/out/strategy_settings.json").read_text())["harness"]
+    assert settings["chunked_loss"].startswith("LM head + cross-entropy in chunks of 64")
+    cfg = {"train": {"chunked_loss": 64, "compile_model": True}, "models": ["vit-base-16", "gpt2-tiny"],
+           "strategies": ["ddp"], "world_sizes": [1], "layouts": [{"dp": 1, "tp": 2}]}
+    assert config_check.chunked_loss_problems(cfg) == [
+        "train.chunked_loss: vit-base-16 is an image classifier (no LM head)",
+        "train.chunked_loss: not with train.compile_model: true (not checked compiled yet)",
+        "train.chunked_loss: data-parallel layouts only (dp1-tp2)"]

@@ -47,7 +47,7 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
     found = (name_problems(config) + batch_problems(config) + layout_problems(config)
              + size_problems(config, devices) + data_problems(config) + bench_problems(config)
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
-             + data_kind_problems(config) + bf16_option_problems(config))
+             + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
 
 
@@ -235,6 +235,28 @@ def bench_problems(config: dict) -> list[str]:
         names = [lever["name"] for lever in b.get("levers", [])]
         for name in sorted({n for n in names if names.count(n) > 1}):
             out.append(f"bench.levers: name {name!r} is used twice")
+    return out
+
+
+def chunked_loss_problems(config: dict) -> list[str]:
+    """train.chunked_loss replaces the LM head's forward and the loss: language models, data-parallel layouts,
+    neither the compiled loss it replaces nor the whole-model compile (training/chunked_loss.py)."""
+    out = []
+    for i, g in enumerate(study.groups(config)):
+        train, where = {**config["train"], **g.get("train", {})}, (f"groups[{i}]." if config.get("groups") else "")
+        if not train.get("chunked_loss"):
+            continue
+        key = f"{where}train.chunked_loss"
+        out += [f"{key}: {m} is an image classifier (no LM head)" for m in g["models"]
+                if m in MODELS and MODELS[m].family == "vit"]
+        out += [f"{key}: not with train.{k}: true ({why})" for k, why in
+                (("compile_loss", "the chunked loss replaces it"), ("compile_model", "not checked compiled yet"))
+                if train.get(k) is True]
+        try:
+            out += [f"{key}: data-parallel layouts only ({layout.key})" for layout in study.group_layouts(g)
+                    if not layout.data_only]
+        except ValueError:
+            pass  # reported by layout_problems
     return out
 
 

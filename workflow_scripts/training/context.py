@@ -40,6 +40,7 @@ class RunContext:
     options: dict = field(default_factory=dict)  # this strategy's section of `strategy_options`
     loss_fn: Callable | None = None  # (logits, tokens) -> loss; None: lm_loss (see training.harness)
     # (module, tokens, ctx) -> loss: set by a parallel dimension that changes what a rank's forward sees (cp)
+    chunked_head: torch.nn.Module | None = None  # the LM head under train.chunked_loss (training/chunked_loss.py)
     forward_loss: Callable | None = None
     parallel: dict = field(default_factory=dict)  # what each model-parallel dimension did (into the summary)
     pipeline_schedule: str = "1f1b"  # train.pipeline_schedule, for layouts with pp > 1

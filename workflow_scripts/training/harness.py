@@ -61,7 +61,7 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
         return dict(train)
     on, why = auto_compile(platform, layout, family, block_flops)
     out = {**train, **{k: on for k in auto}, "compile_auto": why}
-    if "compile_loss" in auto and family == "vit":  # a classifier's loss: nothing to compile (vision.forward_loss)
+    if "compile_loss" in auto and (family == "vit" or train.get("chunked_loss")):  # not lm_loss: nothing to compile
         out["compile_loss"] = False
     return out
 

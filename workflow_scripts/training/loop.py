@@ -36,7 +36,7 @@ from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.memory_peak import MemoryPeak
 from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
-from workflow_scripts.training import determinism, harness, vision, workflow_watch
+from workflow_scripts.training import chunked_loss, determinism, harness, vision, workflow_watch
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import RunContext, init_distributed
@@ -115,6 +115,9 @@ def setup(spec: dict) -> Run:
     if t["gradient_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     levers = {**harness.apply(model, t, strategy), **deterministic}
+    if t.get("chunked_loss"):  # the head returns the loss (training/chunked_loss.py)
+        levers.update(chunked_loss.install(model, t["chunked_loss"]))
+        ctx.chunked_head, ctx.forward_loss = model.get_output_embeddings(), chunked_loss.forward_loss
     ctx.loss_fn = harness.loss_function(t)
     engine = build_engine(strategy, model, ctx, MODELS[spec["model"]].family)
     levers.update(harness.apply_to_engine(engine, t, strategy))
