@@ -8,10 +8,10 @@ weight; the backward only scales what the forward stored. No matmul is repeated:
 unfused head and loss cost; the memory is one chunk's logits, the hidden states' gradient and an fp32 weight
 gradient (vocabulary x hidden).
 
-The head keeps its module and parameter (tied embeddings stay tied; DDP, FSDP2 and ZeRO-3 see the head's forward
-as before and gather, reduce and shard its weight as usual): only its forward is replaced, and it returns the
-micro-batch's loss as the model's `logits`. The targets reach it through `forward_loss` (RunContext.forward_loss,
-the hook every engine calls). Data-parallel layouts of causal language models only (config_check).
+The head keeps its module and parameter (tied embeddings stay tied; the strategy sees the head's forward as before
+and gathers, reduces and shards its weight as usual: run with FSDP2 and DDP, not yet with ZeRO): only its forward is
+replaced, and it returns the micro-batch's loss as the model's `logits`. The targets reach it through `forward_loss`
+(RunContext.forward_loss, the hook every engine calls). Data-parallel layouts of causal language models only (config_check).
 """
 from __future__ import annotations
 
