@@ -11,7 +11,8 @@ gradient (vocabulary x hidden).
 The head keeps its module and parameter (tied embeddings stay tied; the strategy sees the head's forward as before
 and gathers, reduces and shards its weight as usual: run with FSDP2 and DDP, not yet with ZeRO): only its forward is
 replaced, and it returns the micro-batch's loss as the model's `logits`. The targets reach it through `forward_loss`
-(RunContext.forward_loss, the hook every engine calls). Data-parallel layouts of causal language models only (config_check).
+(RunContext.forward_loss, the hook every engine calls). Data-parallel layouts of causal language models only
+(config_check).
 """
 from __future__ import annotations
 
