@@ -115,7 +115,7 @@ def ops_for(wildcards):
     return expand(f"{W}/ops/{{op}}.json", op=needed_ops(wildcards.strategy, PLATFORM))
 
 
-def spec_of(w, overrides, out_pattern, work_root):
+def spec_of(w, overrides, out_pattern, work_root, measured=False):
     """A run's spec (workflow_scripts.study.run_spec) for the run's wildcards, written under out_pattern."""
     return study.run_spec(
         config,
@@ -127,14 +127,35 @@ def spec_of(w, overrides, out_pattern, work_root):
         out_dir=out_pattern.format(**w),
         work_dir=f"{work_root}/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}",
         ops=ops_for(w),
+        measured=measured,
     )
 
 
 def run_spec(wildcards):
     """The run's spec as JSON (workflow_scripts.study.run_spec): a params value, so any change reruns the run."""
     w = wildcards
-    spec = spec_of(w, RUNS[(w.model, w.strategy, w.layout)], RUN, W)
+    spec = spec_of(w, RUNS[(w.model, w.strategy, w.layout)], RUN, W, measured=True)
     return json.dumps(spec, sort_keys=True)
+
+
+def lever_trial_of(wildcards):
+    """The lever trial a run reads its `auto` levers from (config auto_levers.by: measurement), if any: the run
+    spec names it, so a replayed or forced decision needs none."""
+    return json.loads(run_spec(wildcards))["train"].get("lever_trial") or []
+
+
+def lever_trial_plan(wildcards):
+    """The lever trial's candidate runs as JSON (workflow_scripts.study.lever_trial_specs)."""
+    w = wildcards
+    plan = study.lever_trial_specs(
+        config,
+        w.model,
+        w.strategy,
+        Layout.from_key(w.layout),
+        RUNS[(w.model, w.strategy, w.layout)],
+        ops_for(w),
+    )
+    return json.dumps(plan, sort_keys=True)
 
 
 def published_run_spec(wildcards):

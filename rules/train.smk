@@ -16,6 +16,30 @@ rule build_op:
         "--op {wildcards.op} --platform {params.platform} --out {output} > {log} 2>&1"
 
 
+# Measured `auto` levers (config auto_levers.by: measurement): one trial per configuration before its repeats, each
+# candidate lever set a few steps on this machine (workflow_scripts/training/lever_trial.py); the runs read the verdict.
+rule lever_trial:
+    input:
+        train=DATA["train"],
+        val=DATA["val"],
+        manifest=DATA["manifest"],
+        ops=ops_for,
+    output:
+        f"{R}/{columns.LEVER_TRIAL}",
+    log:
+        f"{R}/logs/levers/{{model}}/{{strategy}}/{{layout}}.log",
+    container:
+        IMAGE
+    threads: train_threads
+    resources:
+        gpu=train_gpus,
+        timed_runs=1,
+    params:
+        plan=lever_trial_plan,
+    shell:
+        "python3 -m workflow_scripts.training.lever_trial --trial-json {params.plan:q} --out {output} > {log} 2>&1"
+
+
 rule train:
     input:
         train=DATA["train"],
@@ -23,6 +47,7 @@ rule train:
         manifest=DATA["manifest"],
         ops=ops_for,
         calibration=ancient(f"{R}/calibration/calibration.json"),
+        lever_trial=lever_trial_of,
     output:
         **({"traces": directory(TRACES)} if PROFILE else {}),
         summary=f"{RUN}/summary.json",

@@ -62,6 +62,33 @@ def test_an_explicit_setting_wins_and_a_partial_one_resolves_the_rest():
     assert levers("cpu", compile_loss=True)["compile_loss"] is True
 
 
+def test_a_measured_auto_runs_the_candidates_each_configuration_can_run():
+    """auto_levers.by: measurement: a study run names its trial (and a forced lever is no trial's to choose); the
+    candidates are the schema's, each complete over the levers, and the trial leaves out what cannot run."""
+    import yaml
+
+    from conftest import REPO
+    from workflow_scripts.training.harness import CANDIDATES, TRIAL_KEYS, trial_candidates
+
+    cfg = {**config("cuda"), "auto_levers": {"by": "measurement"}}
+    spec = study.run_spec(cfg, "gpt2-medium", "ddp", 1, 0, {}, "o", "w", [], measured=True)["train"]
+    assert spec["lever_trial"] == "r/levers/gpt2-medium/ddp/ws1.json" and spec["compile_blocks"] == "auto"
+    assert "lever_trial" not in study.run_spec(cfg, "gpt2-medium", "ddp", 1, 0, {"compile_loss": False}, "o", "w", [],
+                                               measured=True)["train"]
+    schema = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())["properties"]["auto_levers"]
+    assert schema["properties"]["candidates"]["items"]["enum"] == list(CANDIDATES)
+    assert all(sorted(c) == sorted(TRIAL_KEYS) for c in CANDIDATES.values())
+    every = list(CANDIDATES)
+    run, skip = trial_candidates(every, "cuda", True, "gpt2", {})
+    assert list(run) == every and not skip
+    run, skip = trial_candidates(every, "cpu", False, "gpt2", {})
+    assert list(run) == ["eager", "loss", "blocks"] and set(skip) == {"model", "model_graphs"}
+    run, skip = trial_candidates(every, "cuda", True, "vit", {})  # a ViT's loss is not ours: `loss` is `eager`
+    assert "loss" in skip and not any(c["compile_loss"] for c in run.values())
+    run, skip = trial_candidates(every, "cuda", True, "gpt2", {"chunked_loss": 4096})
+    assert list(run) == ["eager", "blocks"] and "chunked" in skip["model"]
+
+
 def test_a_compiled_run_is_bounded_by_the_eager_count():
     """Compiled: the eager prediction as an upper bound, never a refusal; the committed compiled rows lie below it
     (bench/memory.py: 0.91-0.93 of the bound)."""

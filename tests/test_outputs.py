@@ -12,13 +12,47 @@ from conftest import overlay, snakemake
 SECRETS = {"HF_TOKEN": "hf_" + "s3cretvalue" * 4, "WANDB_API_KEY": "wandbkey" * 5}
 
 
+REPEATS = {"results_dir": "results/repeats", "work_dir": "work/repeats", "strategies": ["ddp", "fsdp"], "repeats": 2,
+           "train": {"max_steps": 8, "tensorboard": True}, "corpus": {"max_bytes": 400_000},
+           "tokenizer": {"vocab_size": 512},
+           "auto_levers": {"by": "measurement", "candidates": ["eager", "loss", "model_graphs"], "steps": 2}}
+
+
 @pytest.fixture(scope="module")
 def repeated(default_study):
-    """ddp and fsdp, two repeats each, TensorBoard on, secrets in the environment."""
-    args = overlay(default_study, "repeats", results_dir="results/repeats", work_dir="work/repeats",
-                   strategies=["ddp", "fsdp"], repeats=2, train={"max_steps": 8, "tensorboard": True})
-    snakemake(default_study, *args, env=SECRETS, report=True)
+    """ddp and fsdp, two repeats each, their `auto` levers measured, TensorBoard on, secrets in the environment."""
+    snakemake(default_study, *overlay(default_study, "repeats", **REPEATS), env=SECRETS, report=True)
     return default_study / "results/repeats"
+
+
+def test_measured_levers_are_the_trials_fastest_and_every_repeat_runs_them(repeated):
+    runs = pd.read_csv(repeated / "tables/runs.csv").set_index(["strategy", "repeat"])
+    for strategy in REPEATS["strategies"]:
+        trial = json.loads((repeated / f"levers/gpt2-tiny/{strategy}/ws2.json").read_text())
+        speed = {r["candidate"]: r["tokens_per_s"] for r in trial["candidates"]}
+        assert sorted(speed) == ["eager", "loss"] and all(v > 0 for v in speed.values())
+        assert trial["chosen"] == max(speed, key=speed.get)
+        assert trial["skipped"] == {"model_graphs": "CUDA graphs need a GPU"}
+        first = [r["first_losses"] for r in trial["candidates"]]
+        assert first[0] == pytest.approx(first[1], abs=1e-4)  # the compiled loss trains the same steps
+        for repeat in (0, 1):
+            row = runs.loc[(strategy, repeat)]
+            assert bool(row.compile_loss) == (trial["chosen"] == "loss") and not row.compile_blocks
+            assert row.compile_auto == trial["why"] and row.compile_auto.startswith(f"measured: {trial['chosen']}")
+
+
+def test_a_verification_rerun_replays_the_measured_levers_without_a_trial(default_study, repeated):
+    args = overlay(default_study, "repeats_rerun", **{**REPEATS, "results_dir": "results/repeats-rerun",
+                                                      "verify": {"against": "results/repeats"}})
+    done = snakemake(default_study, *args, "-n", "-p")  # -p: the planned shell commands, each with its run spec
+    jobs = _planned(done)
+    assert jobs.get("train") == 4 and "lever_trial" not in jobs, jobs
+    for strategy in REPEATS["strategies"]:
+        chosen = json.loads((repeated / f"levers/gpt2-tiny/{strategy}/ws2.json").read_text())["chosen_train"]
+        spec = next(json.loads(line.split("--spec-json ", 1)[1].split(" > ")[0].strip("'"))
+                    for line in done.stdout.splitlines() if f"__{strategy}__ws2__r0" in line and "--spec-json" in line)
+        assert {k: spec["train"][k] for k in chosen} == chosen and "lever_trial" not in spec["train"]
+        assert spec["train"]["compile_auto"].startswith("replayed from results/repeats: measured")
 
 
 def test_repeats_give_means_and_confidence_intervals(repeated):

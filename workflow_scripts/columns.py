@@ -7,6 +7,7 @@ from __future__ import annotations
 RUN_DIR = "runs/{model}/{strategy}/{layout}/r{repeat}"  # one run's directory (layout: ws2, dp2-pp2-tp2, ...)
 RUNS_TABLE = "tables/runs.csv"  # the parse stage's run table
 TOKENS_MANIFEST = "data/tokens_manifest.json"  # the data stage's manifest (token blocks or image rows)
+LEVER_TRIAL = "levers/{model}/{strategy}/{layout}.json"  # a configuration's lever trial (training/lever_trial.py)
 RUN_TO_RUN = "verify/run_to_run.json"  # a committed set's measured run-to-run spread (report/verify.py)
 
 # ---------------------------------------------------------------- one run's directory (training -> parse)
@@ -24,7 +25,8 @@ OOM_MARKER = "oom_rank{rank}.json"
 SPEC_NOT_SETTINGS = ("run_id", "study", "out_dir", "work_dir", "sampler", "ops", "torch_extensions_dir",
                      "substitutions", "profile", "trace_dir", "memory_guard", "data", "variant")
 TRAIN_NOT_SETTINGS = ("log_every", "checkpoint_every", "tensorboard", "fault_injection",
-                      "compile_auto")  # why auto decided: prose; the decided compile_blocks/compile_loss count
+                      "compile_auto",  # why auto decided: prose; the decided compile_blocks/compile_loss count
+                      "lever_trial")  # where a measured decision was read: the decided levers count
 
 # one row per optimizer step, written by the training loop
 METRIC_COLUMNS = ["step", "epoch", "loss", "lr", "step_time_s", "forward_s", "backward_s", "optimizer_s",
@@ -49,11 +51,12 @@ RUN_COLUMNS = [
     "peak_host_rss_bytes", "initial_loss", "final_loss", "val_loss_initial", "val_loss_final", "val_ppl_final",
     "predicted_model_state_bytes", "predicted_host_state_bytes", "sampler_status", "sampler_peak_device_bytes",
     "sampler_peak_host_bytes", "predicted_peak_bytes", "predicted_device_peak_bytes", "predicted_peak_note",
-    "val_accuracy_initial", "val_accuracy_final", "trainable_params", "provenance", "settings",
+    "val_accuracy_initial", "val_accuracy_final", "trainable_params", "compile_blocks", "compile_loss",
+    "compile_model", "compile_mode", "compile_auto", "provenance", "settings",
 ]
 RUN_TEXT = {"run_id", "study", "model", "strategy", "family", "layout", "platform", "device_name", "precision",
             "precision_detail", "status", "reason", "in_figures", "sampler_status", "provenance", "settings",
-            "predicted_peak_note"}
+            "predicted_peak_note", "compile_mode", "compile_auto"}
 VRAM_COLUMNS = ID_COLUMNS + SAMPLER_COLUMNS
 
 

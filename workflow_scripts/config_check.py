@@ -47,8 +47,17 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
     found = (name_problems(config) + batch_problems(config) + layout_problems(config)
              + size_problems(config, devices) + data_problems(config) + bench_problems(config)
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
-             + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config))
+             + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config)
+             + auto_levers_problems(config))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
+
+
+def auto_levers_problems(config: dict) -> list[str]:
+    """A measured `auto` runs its trial through the one-node launcher (training/lever_trial.py)."""
+    if (config.get("auto_levers") or {}).get("by") == "measurement" and config["nodes"] > 1:
+        return [f"auto_levers.by: measurement runs its trial on one node (nodes: {config['nodes']}): decide by rule "
+                "or set the levers (train.compile_blocks, compile_loss, compile_model)"]
+    return []
 
 
 def verify_problems(config: dict) -> list[str]:

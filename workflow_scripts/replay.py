@@ -4,7 +4,8 @@ decided and the defaults filled in; `summary.json`: the micro-batch split the st
 the versions), so a rerun can
 
 * replay the decisions: where the study says `auto` (train.compile_blocks, train.compile_loss), the rerun takes
-  the committed run's resolved value, never a fresh decision on today's code and machine (`decisions`);
+  the committed run's resolved value, never a fresh decision on today's code and machine (`decisions`); a
+  measured decision (config auto_levers) replays every lever the trial set, and no trial runs;
 * name every setting that differs between the two (`settings_diff`): those rows read `settings-changed` in
   verify, with the keys listed, and are never compared as if they were the same run.
 
@@ -53,10 +54,16 @@ def decisions(spec: dict, auto_keys: list[str], against: str) -> dict:
     old = committed_spec(against, spec)
     if old is None:
         return spec["train"]
-    replayed = {k: old["train"][k] for k in auto_keys if k in old["train"] and old["train"][k] != spec["train"][k]}
+    train = spec["train"]
+    if train.get("lever_trial"):  # measured levers: the committed run's measurement, no new trial
+        from workflow_scripts.training.harness import TRIAL_KEYS
+
+        train = {k: v for k, v in train.items() if k != "lever_trial"}
+        auto_keys = list(dict.fromkeys([*auto_keys, *TRIAL_KEYS]))
+    replayed = {k: old["train"][k] for k in auto_keys if k in old["train"] and old["train"][k] != train.get(k)}
     if not replayed:
-        return spec["train"]
-    return {**spec["train"], **replayed,
+        return train
+    return {**train, **replayed,
             "compile_auto": f"replayed from {against}: {old['train'].get('compile_auto', 'no reason recorded there')}"}
 
 

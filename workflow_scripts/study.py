@@ -87,10 +87,11 @@ def all_names(config: dict, field: str) -> list:
 
 
 def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repeat: int, overrides: dict,
-             out_dir: str, work_dir: str, ops: list) -> dict:
+             out_dir: str, work_dir: str, ops: list, measured: bool = False) -> dict:
     """Everything one training run depends on (and nothing else: editing figures never reruns training).
     `layout`: the run's layout (an int: pure data parallel over that many ranks); `overrides`: the run's group
-    train settings (and a benchmark variant's levers) over the top-level train."""
+    train settings (and a benchmark variant's levers) over the top-level train; `measured`: a study run whose
+    `auto` levers the lever trial decides where config auto_levers.by says measurement (the rule otherwise)."""
     R, W = config["results_dir"], config["work_dir"]
     if not isinstance(layout, Layout):
         layout = Layout.data_parallel(layout)
@@ -127,14 +128,45 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
     # auto levers made true/false: the spec says what the run does (training/harness.py: the GPU fast path)
     micro, _ = micro_and_accum(spec)  # of one forward (grad_accum splits the micro-batch)
     auto = [k for k, v in spec["train"].items() if v == replay.AUTO]
+    trial = lever_trial_path(config, model, strategy, layout.key) if measured else None
     spec["train"] = harness.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
-                                    block_flops(config, model, micro, spec["layout"]))
+                                    block_flops(config, model, micro, spec["layout"]), trial)
     against = (config.get("verify") or {}).get("against")
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
         spec["train"] = replay.decisions(spec, auto, against)
     # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
     spec["train"]["seed"] = config["train"]["seed"] + int(repeat)
     return spec
+
+
+def lever_trial_path(config: dict, model: str, strategy: str, layout: str) -> str | None:
+    """Where the lever trial of a configuration writes its verdict (rule lever_trial), if the study measures."""
+    if (config.get("auto_levers") or {}).get("by") != "measurement":
+        return None
+    return f"{config['results_dir']}/{C.LEVER_TRIAL.format(model=model, strategy=strategy, layout=layout)}"
+
+
+def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, overrides: dict,
+                      ops: list) -> dict:
+    """The lever trial of one configuration: {"specs": {candidate: run spec}, "skipped": {candidate: why}}. Each
+    spec is the configuration's repeat 0 with the candidate's levers, `auto_levers.steps` timed steps, no checkpoints,
+    no sampler and no traces; results and scratch under work_dir/lever_trial (not results: the verdict is)."""
+    cfg = config["auto_levers"]
+    train = {**config["train"], **overrides}
+    names, skipped = harness.trial_candidates(cfg["candidates"], config["platform"], layout.data_only,
+                                              MODELS[model].family, train)
+    root = f"{config['work_dir']}/lever_trial/{model}/{strategy}/{layout.key}"
+    steps = {"max_steps": train["timing_warmup_steps"] + cfg["steps"], "checkpoint_every": 0,
+             "log_every": max(1, cfg["steps"]), "eval_batches": 1}
+    specs = {}
+    for name, levers in names.items():
+        spec = run_spec(config, model, strategy, layout, 0, {**overrides, **levers, **steps},
+                        out_dir=f"{root}/{name}", work_dir=f"{root}/{name}/work", ops=ops)
+        spec["sampler"] = {**spec["sampler"], "backend": "none"}
+        for key in ("profile", "trace_dir"):
+            spec.pop(key, None)
+        specs[name] = spec
+    return {"specs": specs, "skipped": skipped}
 
 
 def block_flops(config: dict, model: str, micro_batch: int, layout: dict, seq_len: int | None = None) -> float:

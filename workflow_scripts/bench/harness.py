@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,11 +29,12 @@ import pandas as pd
 from workflow_scripts import study
 from workflow_scripts.training import harness
 from workflow_scripts.training.build_ops import needed_ops
+from workflow_scripts.training.lever_trial import measured, outcome, run_logged, write_spec
+from workflow_scripts.training.lever_trial import run_launcher as run_ours
 from workflow_scripts.training.precision import policy
 from workflow_scripts.training.launch import environment
 from workflow_scripts.training.strategies import get as get_strategy
 
-GIB = 2**30
 EAGER = dict.fromkeys(harness.LEVERS, False)  # the lever ladder starts eager: each lever adds one
 
 
@@ -55,60 +55,19 @@ def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, 
     return spec
 
 
-def _write_spec(spec: dict) -> Path:
-    Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
-    path = Path(spec["out_dir"]) / "run_spec.json"
-    path.write_text(json.dumps(spec, indent=2))
-    return path
-
-
-def _run_logged(cmd: list[str], log: Path, env=None) -> tuple[int, str]:
-    """Run a command with its output in `log` (and echoed into the job's log); on failure, its last lines."""
-    print(" ".join(cmd), flush=True)
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
-    text = log.read_text(errors="replace")
-    print(text, flush=True)
-    tail = "" if proc.returncode == 0 else " | ".join(text.strip().splitlines()[-8:])
-    return proc.returncode, tail
-
-
-def _outcome(code: int, tail: str, summary: Path, what: str) -> dict:
-    if code != 0 or not summary.exists():
-        return {"status": "failed", "reason": f"{what} exit code {code}: {tail}"}
-    return json.loads(summary.read_text())
-
-
-def run_ours(spec: dict) -> dict:
-    path = _write_spec(spec)
-    code, tail = _run_logged([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)],
-                             path.parent / "launch.log")
-    return _outcome(code, tail, Path(spec["out_dir"]) / "summary.json", "launch")
-
-
 def run_trainer(spec: dict, attempts: int = 2) -> dict:
     """The Trainer baseline; a failed attempt is retried once (it starts from scratch: no checkpoint) and the
     attempts are recorded, the failed one's output kept in trainer.attempt<N>.log."""
-    path = _write_spec(spec)
+    path = write_spec(spec)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec['world_size']}",
            "-m", "workflow_scripts.bench.trainer", "--spec", str(path)]
     for attempt in range(1, attempts + 1):
-        code, tail = _run_logged(cmd, path.parent / f"trainer.attempt{attempt}.log", env=environment(spec))
-        result = _outcome(code, tail, Path(spec["out_dir"]) / "trainer_summary.json", "trainer")
+        code, tail = run_logged(cmd, path.parent / f"trainer.attempt{attempt}.log", env=environment(spec))
+        result = outcome(code, tail, Path(spec["out_dir"]) / "trainer_summary.json", "trainer")
         if result.get("status") in ("ok", "unavailable"):
             break
         print(f"trainer attempt {attempt} failed: {result['reason']}", flush=True)
     return {**result, "attempts": attempt}
-
-
-def _gib(x):
-    return None if x is None else x / GIB
-
-
-def measured(s: dict) -> dict:
-    """What every benchmark row takes from a run's summary."""
-    return {"status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"), "mfu": s.get("mfu"),
-            "peak_allocated_gib": _gib(s.get("peak_allocated_bytes")), "final_loss": s.get("final_loss")}
 
 
 def lever_row(name: str, overrides: dict, s: dict, repeat: int) -> dict:

@@ -13,13 +13,16 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
 - compile_loss: the next-token cross-entropy compiled: the bf16 logits are upcast inside one fused kernel instead
   of materialising an fp32 copy of the (batch x sequence x vocabulary) logits and their gradient.
 
-Both default to `auto` (resolve, called by the run spec): on a GPU platform they are on, the fast path; off on CPU
-(compilation costs more than it saves there), where a block call is too small for compilation to pay
-(MIN_BLOCK_FLOPS: the step is host-bound there), under layout dimensions whose compiled runs were not checked on a
-GPU yet (parallel.Dimension.compiled_on_gpu) and for the MoE family (grouped_mm experts); the reason is recorded in
-the spec. `true` / `false` force them. `train.compile_mode` is torch.compile's mode for both (e.g.
-max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of compilation). What a run used is recorded in its
-`strategy_settings.json` under `harness`.
+Both default to `auto` (resolve, called by the run spec), decided by a rule or by a measurement (config
+`auto_levers.by`). The rule: on a GPU platform they are on, the fast path; off on CPU (compilation costs more than
+it saves there), where a block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is host-bound
+there), under layout dimensions whose compiled runs were not checked on a GPU yet (parallel.Dimension.compiled_on_gpu)
+and for the MoE family (grouped_mm experts). The measurement: before a configuration's timed repeats, a few steps of
+each candidate lever set (CANDIDATES, whole-model compile and CUDA graphs among them) on the study's own machine and
+shape (rule lever_trial, training/lever_trial.py); the launcher applies the fastest (apply_trial). Either way the
+run spec records what the run does and why (`compile_auto`). `true` / `false` force them. `train.compile_mode` is
+torch.compile's mode for all of them (e.g. max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of
+compilation). What a run used is recorded in its `strategy_settings.json` under `harness`.
 """
 from __future__ import annotations
 
@@ -29,6 +32,16 @@ from workflow_scripts.training.strategies.base import lm_loss
 
 _compiled_loss = None
 LEVERS = ("compile_blocks", "compile_loss")
+# the lever sets a measured `auto` chooses among (config auto_levers.candidates), each complete over TRIAL_KEYS
+CANDIDATES = {
+    "eager": {"compile_blocks": False, "compile_loss": False, "compile_model": False, "compile_mode": "default"},
+    "loss": {"compile_blocks": False, "compile_loss": True, "compile_model": False, "compile_mode": "default"},
+    "blocks": {"compile_blocks": True, "compile_loss": True, "compile_model": False, "compile_mode": "default"},
+    "model": {"compile_blocks": False, "compile_loss": True, "compile_model": True, "compile_mode": "default"},
+    "model_graphs": {"compile_blocks": False, "compile_loss": True, "compile_model": True,
+                     "compile_mode": "reduce-overhead"},  # CUDA graphs of the compiled model and loss
+}
+TRIAL_KEYS = ("compile_blocks", "compile_loss", "compile_model", "compile_mode")
 # Below this much forward matmul work per block call, a compiled block's per-call host cost (guards, the
 # autograd wrapper) outweighs what fusion saves: GPT-2-medium on one H100, interleaved, micro-batch 4 (1.0e11 FLOP)
 # compiled 0.85x eager, micro-batch 16 (4.1e11) 1.9x (results/bench_harness/h100-levers-mb4, BENCHMARKS.md Part 1b).
@@ -54,16 +67,64 @@ def auto_compile(platform: str, layout: dict | None, family: str, block_flops: f
     return True, f"auto: on ({platform}, {block_flops:.1e} FLOP per block call)"
 
 
-def resolve(train: dict, platform: str, layout: dict | None, family: str, block_flops: float) -> dict:
-    """The run's train settings with `auto` levers made true/false (and the reason under `compile_auto`)."""
+def resolve(train: dict, platform: str, layout: dict | None, family: str, block_flops: float,
+            trial: str | None = None) -> dict:
+    """The run's train settings with `auto` levers made true/false (and the reason under `compile_auto`); with a
+    `trial` (the lever trial's result file, measured `auto`), they stay `auto` and name the file (`lever_trial`):
+    the launcher decides from it (apply_trial)."""
     auto = [k for k in LEVERS if train.get(k, "auto") == "auto"]
     if not auto:
         return dict(train)
+    if trial and measured(train):
+        return {**train, "lever_trial": trial}
     on, why = auto_compile(platform, layout, family, block_flops)
     out = {**train, **{k: on for k in auto}, "compile_auto": why}
     if "compile_loss" in auto and (family == "vit" or train.get("chunked_loss")):  # not lm_loss: nothing to compile
         out["compile_loss"] = False
     return out
+
+
+def measured(train: dict) -> bool:
+    """Whether a run's levers can be chosen by a trial: both left `auto` and the whole-model compile not forced
+    (a study that sets one lever has chosen)."""
+    return all(train.get(k, "auto") == "auto" for k in LEVERS) and train.get("compile_model") is not True
+
+
+def trial_candidates(names: list[str], platform: str, data_only: bool, family: str,
+                     train: dict) -> tuple[dict, dict]:
+    """The candidates a configuration can run ({name: lever settings}) and those it cannot ({name: why}): CUDA
+    graphs need a GPU; the whole-model compile data-parallel layouts (config_check) and not the chunked loss; a
+    ViT's loss and the chunked loss have nothing to compile (the candidate is the one without it)."""
+    run, skip = {}, {}
+    for name in names:
+        keys = dict(CANDIDATES[name])
+        if keys["compile_mode"] == "reduce-overhead" and platform == "cpu":
+            skip[name] = "CUDA graphs need a GPU"
+        elif keys["compile_model"] and not data_only:
+            skip[name] = "the whole-model compile takes data-parallel layouts only"
+        elif keys["compile_model"] and train.get("chunked_loss"):
+            skip[name] = "the chunked loss is not checked compiled"
+        else:
+            if family == "vit" or train.get("chunked_loss"):
+                keys["compile_loss"] = False
+            if keys not in run.values():  # e.g. `loss` is `eager` for a ViT
+                run[name] = keys
+                continue
+            skip[name] = "the same settings as an earlier candidate here"
+    return run, skip
+
+
+def apply_trial(train: dict) -> dict:
+    """The settings of a run whose `auto` levers a trial measured (train.lever_trial): the fastest candidate's,
+    with what was measured under `compile_auto`; other runs as they are."""
+    path = train.get("lever_trial")
+    if not path:
+        return train
+    import json
+
+    trial = json.loads(open(path).read())
+    out = {k: v for k, v in train.items() if k != "lever_trial"}
+    return {**out, **trial["chosen_train"], "compile_auto": trial["why"]}
 
 
 def compiles(train: dict, family: str, layout: dict | None) -> bool:

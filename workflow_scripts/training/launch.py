@@ -110,7 +110,9 @@ def identity(spec: dict, ctx) -> dict:
 
 def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
     from workflow_scripts.training.context import from_spec
+    from workflow_scripts.training.harness import apply_trial
 
+    spec = {**spec, "train": apply_trial(spec["train"])}  # measured `auto` levers: the trial's choice
     out_dir, work_dir = Path(spec["out_dir"]), Path(spec["work_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -353,7 +353,8 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
                               ctx.precision.state_bytes,
                               strategy.offload_optimizer(ctx), strategy.offload_params(ctx)),
         "compile_blocks": run.levers["compile_blocks"], "compile_loss": run.levers["compile_loss"],
-        "compile_model": run.levers["compile_model"],
+        "compile_model": run.levers["compile_model"], "compile_mode": run.levers["compile_mode"],
+        "compile_auto": spec["train"].get("compile_auto"),  # why: the rule's reason, a trial's measurement
         "trainable_params": run.trainable,
         **({"val_accuracy_initial": run.accuracy.get("initial"), "val_accuracy_final": run.accuracy.get("final")}
            if run.vision else {}),
