@@ -9,7 +9,8 @@ measured (tokens/s, MFU, peak memory, the first steps' losses) and why the other
 runs read it at launch (harness.apply_trial) and record the choice in `compile_auto`. Compilation happens inside
 the warm-up steps, so it counts for nothing; each candidate's wall time is recorded beside its speed.
 
-Where no candidate finishes, the choice is eager (the settings every strategy runs), said so in `why`.
+Where no candidate finishes, the choice is eager (the settings every strategy runs), said so in `why`. A candidate
+stopped by SIGTERM (the workflow stopping: training/graceful_stop.py) ends the trial there, without a verdict.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from workflow_scripts import columns as C
-from workflow_scripts.training import harness
+from workflow_scripts.training import graceful_stop, harness
 
 GIB = 2**30
 
@@ -60,6 +61,8 @@ def run_launcher(spec: dict) -> dict:
     path = write_spec(spec)
     code, tail = run_logged([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)],
                             path.parent / "launch.log")
+    if code == graceful_stop.STOPPED_EXIT:  # the workflow was asked to stop (SIGTERM): no further run starts
+        raise SystemExit(code)
     return outcome(code, tail, Path(spec["out_dir"]) / C.SUMMARY, "launch")
 
 
