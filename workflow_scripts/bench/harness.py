@@ -29,8 +29,7 @@ import pandas as pd
 from workflow_scripts import study
 from workflow_scripts.training import harness
 from workflow_scripts.training.build_ops import needed_ops
-from workflow_scripts.training.lever_trial import measured, outcome, run_logged, write_spec
-from workflow_scripts.training.lever_trial import run_launcher as run_ours
+from workflow_scripts.training.lever_trial import measured, outcome, run_launcher, run_logged, write_spec
 from workflow_scripts.training.precision import policy
 from workflow_scripts.training.launch import environment
 from workflow_scripts.training.strategies import get as get_strategy
@@ -84,7 +83,7 @@ def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
             eager = {k: v for k, v in EAGER.items() if k not in b["train"]}  # bench.train may set them
             spec = spec_for(config, strategy, {**eager, **lever["train"]}, out, f"levers/{lever['name']}/r{r}", r)
             print(f"lever {lever['name']} (round {r})", flush=True)
-            rows.append({**lever_row(lever["name"], lever["train"], run_ours(spec), r), "strategy": strategy})
+            rows.append({**lever_row(lever["name"], lever["train"], run_launcher(spec), r), "strategy": strategy})
             save(pd.DataFrame(rows))
     return pd.DataFrame(rows)
 
@@ -110,7 +109,7 @@ def run_comparison(config: dict, out: Path, save=lambda df: None) -> pd.DataFram
             shift = r % len(runs)
             for runner, spec in runs[shift:] + runs[:shift]:  # interleaved
                 print(f"{runner}: {strategy} (round {r})", flush=True)
-                result = run_ours(spec) if runner == "ours" else run_trainer(spec)
+                result = run_launcher(spec) if runner == "ours" else run_trainer(spec)
                 rows.append(comparison_row(strategy, r, precision, runner, result))
                 save(pd.DataFrame(rows))
     return pd.DataFrame(rows)

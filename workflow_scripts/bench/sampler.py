@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.bench.harness import run_ours, spec_for, write
+from workflow_scripts.bench.harness import spec_for, write
+from workflow_scripts.training.lever_trial import run_launcher
 from workflow_scripts.report.stats import mean_ci
 
 
@@ -28,7 +29,7 @@ def run_pairs(config: dict, out: Path, save=lambda df: None) -> pd.DataFrame:
             spec = spec_for(config, b["lever_strategy"], {}, out, f"sampler/{arm}/r{r}", r)
             spec["sampler"] = {**spec["sampler"], "backend": arm_backend}
             print(f"sampler {arm} (round {r})", flush=True)
-            s = run_ours(spec)
+            s = run_launcher(spec)
             rows.append({"arm": arm, "repeat": r, "status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"),
                          "sampler_status": s.get("sampler_status"), "sampler_samples": s.get("sampler_samples"),
                          "sampler_hz": s.get("sampler_hz")})

@@ -75,7 +75,7 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
     auto = [k for k in LEVERS if train.get(k, "auto") == "auto"]
     if not auto:
         return dict(train)
-    if trial and measured(train):
+    if trial and trial_decides(train):
         return {**train, "lever_trial": trial}
     on, why = auto_compile(platform, layout, family, block_flops)
     out = {**train, **{k: on for k in auto}, "compile_auto": why}
@@ -84,7 +84,7 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
     return out
 
 
-def measured(train: dict) -> bool:
+def trial_decides(train: dict) -> bool:
     """Whether a run's levers can be chosen by a trial: both left `auto` and the whole-model compile not forced
     (a study that sets one lever has chosen)."""
     return all(train.get(k, "auto") == "auto" for k in LEVERS) and train.get("compile_model") is not True
@@ -96,21 +96,19 @@ def trial_candidates(names: list[str], platform: str, data_only: bool, family: s
     graphs need a GPU; the whole-model compile data-parallel layouts (config_check) and not the chunked loss; a
     ViT's loss and the chunked loss have nothing to compile (the candidate is the one without it)."""
     run, skip = {}, {}
+    no_loss = family == "vit" or bool(train.get("chunked_loss"))
     for name in names:
-        keys = dict(CANDIDATES[name])
+        keys = {**CANDIDATES[name], **({"compile_loss": False} if no_loss else {})}
         if keys["compile_mode"] == "reduce-overhead" and platform == "cpu":
             skip[name] = "CUDA graphs need a GPU"
         elif keys["compile_model"] and not data_only:
             skip[name] = "the whole-model compile takes data-parallel layouts only"
         elif keys["compile_model"] and train.get("chunked_loss"):
             skip[name] = "the chunked loss is not checked compiled"
-        else:
-            if family == "vit" or train.get("chunked_loss"):
-                keys["compile_loss"] = False
-            if keys not in run.values():  # e.g. `loss` is `eager` for a ViT
-                run[name] = keys
-                continue
+        elif keys in run.values():  # e.g. `loss` is `eager` for a ViT
             skip[name] = "the same settings as an earlier candidate here"
+        else:
+            run[name] = keys
     return run, skip
 
 
@@ -154,7 +152,11 @@ def apply_to_engine(engine, train: dict, strategy) -> dict:
     strategy's own compile_model: training.strategies.base.compile_model)."""
     if train.get("compile_model") is not True:
         return {}
-    return strategy.compile_model(engine, train.get("compile_mode", "default"))
+    mode = train.get("compile_mode", "default")
+    done = strategy.compile_model(engine, mode)
+    # every strategy's compiled model replays CUDA graphs in this mode: the engine marks each step (Engine.cuda_graphs)
+    engine.cuda_graphs = mode == "reduce-overhead" and engine.ctx.device.type == "cuda"
+    return done
 
 
 def loss_function(train: dict):

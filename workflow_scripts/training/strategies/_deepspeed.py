@@ -130,7 +130,6 @@ def deepspeed_compile_model(engine: Engine, mode: str) -> dict:
     """train.compile_model for DeepSpeed engines: DeepSpeed's own `DeepSpeedEngine.compile` (torch.compile of the
     wrapped module inside the engine, its hooks kept)."""
     engine.module.compile(compile_kwargs={"mode": mode})
-    engine.cuda_graphs = mode == "reduce-overhead" and engine.ctx.device.type == "cuda"  # as base.compile_model
     return {"compile_model": f"DeepSpeedEngine.compile(mode={mode})"}
 
 

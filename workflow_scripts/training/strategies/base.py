@@ -157,7 +157,6 @@ def compile_model(engine: Engine, mode: str) -> dict:
     reduce-overhead the compiled forward and backward replay as CUDA graphs. DeepSpeed engines compile through
     their own `engine.compile` (training.strategies._deepspeed.deepspeed_compile_model)."""
     engine.module = torch.compile(engine.module, mode=mode)
-    engine.cuda_graphs = mode == "reduce-overhead" and engine.ctx.device.type == "cuda"
     return {"compile_model": f"torch.compile({type(engine.module._orig_mod).__name__}, mode={mode})"}
 
 
