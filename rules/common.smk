@@ -216,8 +216,8 @@ def bench_config(table):
     """The config one part depends on: no figure/table style, and not the other part's keys (editing the lever
     list never reruns the Trainer comparison, and the other way round)."""
     other = {
-        "levers": ("strategies", "harness"),
-        "sampler": ("strategies", "harness", "levers"),
+        "levers": ("strategies", "harness", "harness_by_strategy", "ceiling"),
+        "sampler": ("strategies", "harness", "harness_by_strategy", "levers", "ceiling"),
     }.get(table, ("levers", "lever_strategy"))
     cfg = {k: v for k, v in config.items() if k not in ("figures", "tables")}
     cfg["bench"] = {k: v for k, v in config["bench"].items() if k not in other}

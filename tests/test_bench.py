@@ -14,9 +14,10 @@ from conftest import overlay, snakemake
 # out on CPU: accelerate has no FSDP on CPU ranks, the Trainer would train it with DDP (recorded as
 # settings.trainer_fsdp_active on GPU runs).
 # The Trainer in its eager setting and with Liger (not installed here, and no Liger patch for GPT-2: the row says
-# so); torch_compile=True is the GPU benchmark's (compiling on two CPU cores would double the suite's time).
+# so); torch_compile=True is the GPU benchmark's (compiling on two CPU cores would double the suite's time), and so
+# is the ceiling's compiled loop (here it runs eager).
 BENCH = {"model": "gpt2-tiny", "world_size": 2, "strategies": ["zero2"], "rounds": 1,
-         "trainer_settings": ["eager", "liger"], "harness": {"compile_loss": True},
+         "trainer_settings": ["eager", "liger"], "harness": {"compile_loss": True}, "ceiling": {"compile": False},
          "levers": [{"name": "eager", "train": {}},
                     {"name": "compiled", "train": {"compile_loss": True, "compile_blocks": True}}]}
 
@@ -46,7 +47,10 @@ def test_every_strategy_has_ours_and_every_trainer_setting(bench):
     liger = rounds[rounds.runner == "trainer:liger"]
     assert (liger.status == "unavailable").all() and liger.reason.str.contains("liger").all()
     table = pd.read_csv(bench / "harness_vs_trainer.csv").set_index("strategy")
-    assert list(table.index) == BENCH["strategies"]
+    assert list(table.index) == BENCH["strategies"] + ["ceiling"]
+    ceiling, table = table.loc["ceiling"], table.drop(index="ceiling")
+    assert table["ours / ceiling"].values == pytest.approx(  # per device: the ceiling is one device
+        (table["ours tokens/s"] / (BENCH["world_size"] * ceiling["ceiling tokens/s"])).values)
     assert (table["trainer best"] == "trainer:eager").all()  # the only setting that ran
     assert table["ratio to best"].values == pytest.approx(
         (table["ours tokens/s"] / table["trainer:eager tokens/s"]).values)
@@ -60,10 +64,16 @@ def test_the_comparison_is_to_the_trainers_fastest_setting_with_cis():
     runs = [("ours", 110), ("ours", 112), ("ours", 111), ("trainer:eager", 60), ("trainer:eager", 61),
             ("trainer:eager", 59), ("trainer:compile", 100), ("trainer:compile", 98), ("trainer:compile", 102)]
     df = pd.DataFrame([{"strategy": "ddp", "repeat": i % 3, "precision": "bf16-mixed", "runner": r,
-                        "status": "ok", "tokens_per_s": v, "mfu": v / 1000, "reason": None}
-                       for i, (r, v) in enumerate(runs)])
-    row = compare_summary(df).iloc[0]
+                        "status": "ok", "tokens_per_s": v, "mfu": v / 1000, "reason": None, "world_size": 2}
+                       for i, (r, v) in enumerate(runs)]
+                      + [{"strategy": "ceiling", "repeat": i, "precision": "bf16-mixed", "runner": "ceiling",
+                          "status": "ok", "tokens_per_s": v, "mfu": v / 500, "world_size": 1}
+                         for i, v in enumerate([90, 100, 110])])
+    table = compare_summary(df).set_index("strategy")
+    row = table.loc["ddp"]
     assert row["trainer best"] == "trainer:compile" and row["ratio to best"] == pytest.approx(111 / 100)
+    assert row["ours / ceiling"] == pytest.approx(111 / (2 * 100))  # two devices against one device's ceiling
+    assert table.loc["ceiling", "ours MFU"] == pytest.approx(0.2) and table.loc["ceiling", "rounds"] == 3
     assert row["rounds"] == 3 and row["CIs overlap"] == False  # noqa: E712 - numpy bool
     assert row["ours ±95%"] == pytest.approx(4.303 * 1.0 / 3**0.5, rel=1e-3)  # t(0.975, 2) x s / sqrt(n)
 
@@ -76,6 +86,10 @@ def test_both_sides_train_the_same_model_on_the_same_batch(bench):
         assert theirs["effective_batch"] == ours["effective_batch"] == 16
         assert theirs["losses"][-1] < theirs["losses"][0]  # the Trainer really trained
         assert ours["final_loss"] < ours["initial_loss"]
+    top = json.loads((bench / "ceiling/r0/ceiling_summary.json").read_text())
+    assert top["world_size"] == 1 and top["micro_batch"] == ours["micro_batch"] and top["n_params"] == ours["n_params"]
+    assert top["final_loss"] < top["initial_loss"]  # the ceiling's loop really trained
+    assert top["settings"] == {"compile": False, "cuda_graphs": False, "fused_adamw": False, "autocast_bf16": False}
     deepspeed = json.loads((bench / "trainer-eager/zero2/r0/trainer_summary.json").read_text())
     ours_ds = json.loads((bench / "ours/zero2/r0/strategy_settings.json").read_text())
     assert deepspeed["settings"]["deepspeed_config"] == ours_ds["deepspeed_config"]  # the exact same JSON
@@ -112,3 +126,18 @@ def test_the_schema_offers_exactly_the_trainer_settings_the_baseline_knows():
     schema = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
     bench = schema["properties"]["bench"]["properties"]["trainer_settings"]
     assert tuple(bench["items"]["enum"]) == SETTINGS == tuple(bench["default"])
+
+
+def test_a_rerun_of_a_cut_bench_keeps_its_own_configs_runs_only(tmp_path):
+    """A benchmark job cut short (a time limit) and run again goes on where it stopped; a changed config starts over
+    (a table never mixes two configurations)."""
+    from workflow_scripts.bench.harness import Rounds
+
+    config = {"bench": {"rounds": 3}}
+    first = Rounds(tmp_path / "x_rounds.csv", config, lambda df: df)
+    first.add({"runner": "ours", "repeat": 0, "tokens_per_s": 1.0})
+    again = Rounds(tmp_path / "x_rounds.csv", config, lambda df: df)
+    assert again.done(runner="ours", repeat=0) and not again.done(runner="ours", repeat=1)
+    assert (tmp_path / "x.md").exists()
+    changed = Rounds(tmp_path / "x_rounds.csv", {"bench": {"rounds": 4}}, lambda df: df)
+    assert changed.rows == [] and not changed.done(runner="ours", repeat=0)

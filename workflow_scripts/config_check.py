@@ -237,7 +237,7 @@ def bench_problems(config: dict) -> list[str]:
     if b:
         if b.get("model") not in MODELS:
             out.append(f"bench.model: unknown model {b.get('model')!r} (known: {', '.join(MODELS)})")
-        for s in list(b.get("strategies", [])) + [b.get("lever_strategy")] + [
+        for s in list(b.get("strategies", [])) + [b.get("lever_strategy")] + list(b.get("harness_by_strategy", {})) + [
                 lever["strategy"] for lever in b.get("levers", []) if "strategy" in lever]:
             if s not in STRATEGIES:
                 out.append(f"bench: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
@@ -346,6 +346,8 @@ def schema_problems(config: dict, schema: dict) -> list[str]:
     sections += [("bench.train", bench.get("train")), ("bench.harness", bench.get("harness"))]
     sections += [(f"bench.levers[{i}].train", lv.get("train")) for i, lv in enumerate(bench.get("levers") or [])
                  if isinstance(lv, dict)]
+    sections += [(f"bench.harness_by_strategy.{s}", h) for s, h in (bench.get("harness_by_strategy") or {}).items()
+                 if isinstance(h, dict)]
     for where, overrides in sections:
         out += [unknown_key(where, k, train_keys) for k in (overrides or {}) if k not in train_keys]
     return out

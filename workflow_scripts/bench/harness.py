@@ -20,6 +20,7 @@ Writes into --out-dir: levers.csv / .md, harness_vs_trainer.csv / .md, and per r
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from workflow_scripts import study
+from workflow_scripts.bench import ceiling, trainer
 from workflow_scripts.training import harness
 from workflow_scripts.training.build_ops import needed_ops
 from workflow_scripts.training.lever_trial import measured, outcome, run_launcher, run_logged, write_spec
@@ -35,6 +37,7 @@ from workflow_scripts.training.launch import environment
 from workflow_scripts.training.strategies import get as get_strategy
 
 EAGER = dict.fromkeys(harness.LEVERS, False)  # the lever ladder starts eager: each lever adds one
+CEILING = "ceiling"  # the runner (and the strategy column) of the ceiling's rows
 
 
 def matching_precision(strategy: str, precision: str) -> str:
@@ -44,28 +47,38 @@ def matching_precision(strategy: str, precision: str) -> str:
     return "bf16-mixed" if get_strategy(strategy).family == "ddp" else "bf16-pure"
 
 
-def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, repeat: int) -> dict:
+def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, repeat: int,
+             world_size: int | None = None) -> dict:
     """The run spec of one benchmark run: results under out/run, scratch under work_dir/bench/run."""
     b = config["bench"]
     ops = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy, config["platform"])]
-    spec = study.run_spec(config, b["model"], strategy, b["world_size"], repeat, {**b["train"], **overrides},
-                          out_dir=str(out / run), work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=ops)
+    spec = study.run_spec(config, b["model"], strategy, world_size or b["world_size"], repeat,
+                          {**b["train"], **overrides}, out_dir=str(out / run),
+                          work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=ops)
     spec["study"] = f"{config['study']}/bench"
     return spec
 
 
-def run_trainer(spec: dict, attempts: int = 2) -> dict:
-    """The Trainer baseline; a failed attempt is retried once (it starts from scratch: no checkpoint) and the
-    attempts are recorded, the failed one's output kept in trainer.attempt<N>.log."""
+def ceiling_spec(config: dict, out: Path, r: int) -> dict:
+    """The ceiling's run (bench.ceiling): one device, DDP's precision policy, the comparison's data and steps."""
+    precision = matching_precision("ddp", config["train"]["precision"])
+    spec = spec_for(config, "ddp", {"precision": precision}, out, f"ceiling/r{r}", r, world_size=1)
+    return {**spec, "ceiling": config["bench"]["ceiling"]}
+
+
+def run_module(module: str, spec: dict, summary: str, attempts: int = 1) -> dict:
+    """A baseline (the Trainer under torchrun, or the ceiling in one process); a failed attempt is retried up to
+    `attempts` times (it starts from scratch: no checkpoint), each attempt's output kept in <module>.attempt<N>.log,
+    the number of attempts recorded."""
     path = write_spec(spec)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec['world_size']}",
-           "-m", "workflow_scripts.bench.trainer", "--spec", str(path)]
+           "-m", f"workflow_scripts.bench.{module}", "--spec", str(path)]
     for attempt in range(1, attempts + 1):
-        code, tail = run_logged(cmd, path.parent / f"trainer.attempt{attempt}.log", env=environment(spec))
-        result = outcome(code, tail, Path(spec["out_dir"]) / "trainer_summary.json", "trainer")
+        code, tail = run_logged(cmd, path.parent / f"{module}.attempt{attempt}.log", env=environment(spec))
+        result = outcome(code, tail, Path(spec["out_dir"]) / summary, module)
         if result.get("status") in ("ok", "unavailable"):
             break
-        print(f"trainer attempt {attempt} failed: {result['reason']}", flush=True)
+        print(f"{module} attempt {attempt} failed: {result['reason']}", flush=True)
     return {**result, "attempts": attempt}
 
 
@@ -75,57 +88,97 @@ def lever_row(name: str, overrides: dict, s: dict, repeat: int) -> dict:
             "vocab_size": s.get("vocab_size"), "precision": s.get("precision"), "reason": s.get("reason")}
 
 
-def run_levers(config: dict, out: Path, save=lambda rows: None) -> pd.DataFrame:
-    b, rows = config["bench"], []
+class Rounds:
+    """The rows of one part, written after every run (a job cut short keeps what it measured). Rows of an earlier
+    attempt of the same job with the same config (read back from its rounds file, `config_sha`) are kept and their
+    runs not repeated: a rerun after a time limit goes on where the last one stopped, never mixing two configs."""
+
+    def __init__(self, path: Path, config: dict, table):
+        self.path, self.table = path, table
+        self.sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+        old = pd.read_csv(path) if path.exists() else pd.DataFrame()
+        self.rows = old[old["config_sha"] == self.sha].to_dict("records") if "config_sha" in old else []
+        if self.rows:
+            print(f"{len(self.rows)} runs kept from an earlier attempt of this job ({path})", flush=True)
+
+    def done(self, **key) -> bool:
+        return any(all(row.get(k) == v for k, v in key.items()) for row in self.rows)
+
+    def add(self, row: dict) -> None:
+        self.rows.append({**row, "config_sha": self.sha})
+        self.write()
+
+    def write(self) -> None:
+        """The rounds file and the part's table (empty where nothing ran)."""
+        df = self.frame()
+        df.to_csv(self.path, index=False)
+        write(self.table(df) if len(df) else df, self.path.with_name(self.path.name.replace("_rounds.csv", "")))
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+
+def run_levers(config: dict, out: Path, rounds: Rounds) -> None:
+    b = config["bench"]
     for r in range(b["rounds"]):
         for lever in b["levers"]:
+            if rounds.done(lever=lever["name"], repeat=r):
+                continue
             strategy = lever.get("strategy", b["lever_strategy"])
             eager = {k: v for k, v in EAGER.items() if k not in b["train"]}  # bench.train may set them
             spec = spec_for(config, strategy, {**eager, **lever["train"]}, out, f"levers/{lever['name']}/r{r}", r)
             print(f"lever {lever['name']} (round {r})", flush=True)
-            rows.append({**lever_row(lever["name"], lever["train"], run_launcher(spec), r), "strategy": strategy})
-            save(pd.DataFrame(rows))
-    return pd.DataFrame(rows)
+            rounds.add({**lever_row(lever["name"], lever["train"], run_launcher(spec), r), "strategy": strategy})
 
 
 def comparison_row(strategy: str, r: int, precision: str, runner: str, s: dict) -> dict:
     return {"strategy": strategy, "repeat": r, "precision": precision, "runner": runner, **measured(s),
+            "world_size": s.get("world_size"),
             "effective_batch": s.get("effective_batch"), "attempts": s.get("attempts"), "reason": s.get("reason")}
 
 
-def run_comparison(config: dict, out: Path, save=lambda df: None) -> pd.DataFrame:
+def run_comparison(config: dict, out: Path, rounds: Rounds) -> None:
     """Per round and strategy: ours, then the Trainer in every setting of bench.trainer_settings (eager,
-    torch_compile, Liger), the order rotated every round so that no runner always goes first. One row per run."""
-    b, rows = config["bench"], []
+    torch_compile, Liger), the order rotated every round so that no runner always goes first; then the ceiling
+    (bench.ceiling). One row per run."""
+    b = config["bench"]
     for r in range(b["rounds"]):
         for strategy in b["strategies"]:
             precision = matching_precision(strategy, config["train"]["precision"])
-            runs = [("ours", spec_for(config, strategy, {**b["harness"], "precision": precision}, out,
-                                      f"ours/{strategy}/r{r}", r))]
+            ours = {**b["harness"], **b["harness_by_strategy"].get(strategy, {}), "precision": precision}
+            runs = [("ours", spec_for(config, strategy, ours, out, f"ours/{strategy}/r{r}", r))]
             for setting in b["trainer_settings"]:
                 spec = spec_for(config, strategy, {"precision": precision}, out,
                                 f"trainer-{setting}/{strategy}/r{r}", r)
                 runs.append((f"trainer:{setting}", {**spec, "trainer_setting": setting}))
             shift = r % len(runs)
             for runner, spec in runs[shift:] + runs[:shift]:  # interleaved
+                if rounds.done(strategy=strategy, repeat=r, runner=runner):
+                    continue
                 print(f"{runner}: {strategy} (round {r})", flush=True)
-                result = run_launcher(spec) if runner == "ours" else run_trainer(spec)
-                rows.append(comparison_row(strategy, r, precision, runner, result))
-                save(pd.DataFrame(rows))
-    return pd.DataFrame(rows)
+                result = run_launcher(spec) if runner == "ours" else run_module("trainer", spec, trainer.SUMMARY, 2)
+                rounds.add(comparison_row(strategy, r, precision, runner, result))
+        if b["ceiling"]["run"] and not rounds.done(runner=CEILING, repeat=r):  # after the round's strategies
+            print(f"ceiling (round {r})", flush=True)
+            spec = ceiling_spec(config, out, r)
+            rounds.add(comparison_row(CEILING, r, spec["precision"], CEILING,
+                                      run_module("ceiling", spec, ceiling.SUMMARY)))
 
 
 def compare_summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per strategy: ours and every Trainer setting as mean ± 95 % CI of tokens/s over the rounds, the Trainer's
     best setting (highest mean among the settings that ran), the ratio of ours to it and whether the two CIs
-    overlap (None with fewer than two rounds)."""
+    overlap (None with fewer than two rounds), and ours per device over the ceiling (bench.ceiling). The ceiling
+    has its own row (strategy `ceiling`, its MFU in the `ours MFU` column)."""
     from workflow_scripts.report.stats import ci_overlap, mean_ci
 
+    ceiling_runs = df[(df["runner"] == CEILING) & (df["status"] == "ok")]
+    top = mean_ci(ceiling_runs["tokens_per_s"]) if len(ceiling_runs) else None
     out = []
     for strategy, part in df.groupby("strategy", sort=False):
         ok = part[part["status"] == "ok"]
         cis = {runner: mean_ci(g["tokens_per_s"]) for runner, g in ok.groupby("runner", sort=False)}
-        row = {"strategy": strategy, "rounds": int((part["runner"] == "ours").sum()),
+        row = {"strategy": strategy, "rounds": int(part["runner"].isin(["ours", CEILING]).sum()),
                "precision": part["precision"].iloc[0]}
         for runner in part["runner"].unique():
             ci = cis.get(runner)
@@ -140,8 +193,11 @@ def compare_summary(df: pd.DataFrame) -> pd.DataFrame:
         if best and "ours" in cis:
             row["ratio to best"] = cis["ours"].mean / trainers[best].mean
             row["CIs overlap"] = ci_overlap(cis["ours"], trainers[best])
+        if top and "ours" in cis:  # per device: the ceiling is one device with no communication
+            world = int(part.loc[part["runner"] == "ours", "world_size"].iloc[0])
+            row["ours / ceiling"] = cis["ours"].mean / (world * top.mean)
         mfu = ok.groupby("runner")["mfu"].mean()
-        row["ours MFU"] = mfu.get("ours")
+        row["ours MFU"] = mfu.get("ours", mfu.get(CEILING))
         row["trainer best MFU"] = mfu.get(best) if best else None
         out.append(row)
     return pd.DataFrame(out)
@@ -197,12 +253,9 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     name, part, table = {"levers": ("levers", run_levers, lambda df: summarise(df, "lever")),
                          "compare": ("harness_vs_trainer", run_comparison, compare_summary)}[a.part]
-
-    def save(df: pd.DataFrame) -> None:  # after every row: a job cut short keeps what it measured
-        df.to_csv(out / f"{name}_rounds.csv", index=False)
-        write(table(df), out / name)
-
-    save(part(config, out, save))
+    rounds = Rounds(out / f"{name}_rounds.csv", config, table)
+    part(config, out, rounds)
+    rounds.write()
     print((out / f"{name}.md").read_text(), flush=True)
 
 

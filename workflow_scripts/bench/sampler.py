@@ -15,26 +15,26 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.bench.harness import spec_for, write
+from workflow_scripts.bench.harness import Rounds, spec_for
 from workflow_scripts.training.lever_trial import run_launcher
 from workflow_scripts.report.stats import mean_ci
 
 
-def run_pairs(config: dict, out: Path, save=lambda df: None) -> pd.DataFrame:
-    b, rows = config["bench"], []
+def run_pairs(config: dict, out: Path, rounds: Rounds) -> None:
+    b = config["bench"]
     backend = config["sampler"].get("backend", "auto")
     for r in range(b["rounds"]):
         arms = [("on", backend), ("off", "none")]
         for arm, arm_backend in arms if r % 2 == 0 else arms[::-1]:
+            if rounds.done(arm=arm, repeat=r):
+                continue
             spec = spec_for(config, b["lever_strategy"], {}, out, f"sampler/{arm}/r{r}", r)
             spec["sampler"] = {**spec["sampler"], "backend": arm_backend}
             print(f"sampler {arm} (round {r})", flush=True)
             s = run_launcher(spec)
-            rows.append({"arm": arm, "repeat": r, "status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"),
-                         "sampler_status": s.get("sampler_status"), "sampler_samples": s.get("sampler_samples"),
-                         "sampler_hz": s.get("sampler_hz")})
-            save(pd.DataFrame(rows))
-    return pd.DataFrame(rows)
+            rounds.add({"arm": arm, "repeat": r, "status": s.get("status"), "tokens_per_s": s.get("tokens_per_s"),
+                        "sampler_status": s.get("sampler_status"), "sampler_samples": s.get("sampler_samples"),
+                        "sampler_hz": s.get("sampler_hz")})
 
 
 def overhead(rounds: pd.DataFrame) -> pd.DataFrame:
@@ -56,11 +56,10 @@ def main(argv=None):
     config, out = json.loads(a.config_json), Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    def save(df: pd.DataFrame) -> None:  # after every run: a job cut short keeps what it measured
-        df.to_csv(out / "sampler_overhead_rounds.csv", index=False)
-        write(overhead(df) if set(df["arm"]) == {"on", "off"} else pd.DataFrame(), out / "sampler_overhead")
-
-    save(run_pairs(config, out, save))
+    table = lambda df: overhead(df) if set(df["arm"]) == {"on", "off"} else pd.DataFrame()  # noqa: E731
+    rounds = Rounds(out / "sampler_overhead_rounds.csv", config, table)
+    run_pairs(config, out, rounds)
+    rounds.write()
     print((out / "sampler_overhead.md").read_text(), flush=True)
 
 

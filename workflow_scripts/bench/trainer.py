@@ -20,7 +20,7 @@ setting that cannot run here (liger-kernel not installed, or no Liger patch for 
 with status `unavailable` and the reason.
 
 Throughput: wall time between the end of optimizer step `timing_warmup_steps` and the end of the last step, with a
-device synchronisation at both ends only. Rank 0 writes `trainer_summary.json` into the spec's out_dir.
+device synchronisation at both ends only. Rank 0 writes `trainer_summary.json` (SUMMARY) into the spec's out_dir.
 """
 from __future__ import annotations
 
@@ -108,6 +108,7 @@ def training_arguments(spec: dict, ctx, total_steps: int, extra: dict) -> Traini
 
 
 SETTINGS = ("eager", "compile", "liger")
+SUMMARY = "trainer_summary.json"
 
 
 def setting_arguments(setting: str, model) -> tuple[dict, str | None]:
@@ -132,7 +133,7 @@ def unavailable(spec: dict, setting: str, reason: str) -> dict:
                "run_id": spec["run_id"], "model": spec["model"], "strategy": spec["strategy"]}
     out_dir = Path(spec["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "trainer_summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary
 
 
@@ -195,7 +196,7 @@ def run(spec: dict) -> dict | None:
         "transformers_version": TRANSFORMERS_VERSION,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "trainer_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
     return summary
 
 
