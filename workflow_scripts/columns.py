@@ -10,6 +10,13 @@ TOKENS_MANIFEST = "data/tokens_manifest.json"  # the data stage's manifest (toke
 LEVER_TRIAL = "levers/{model}/{strategy}/{layout}.json"  # a configuration's lever trial (training/lever_trial.py)
 RUN_TO_RUN = "verify/run_to_run.json"  # a committed set's measured run-to-run spread (report/verify.py)
 
+# ---------------------------------------------------------------- a run's status (summary.json, runs.csv, tables)
+OK = "ok"  # trained and measured
+OOM = "oom"  # out of device memory (the run, or predicted before it started with plan.refuse_oom)
+UNSUPPORTED = "unsupported"  # the strategy / layout cannot run this configuration here (the row says why)
+FAILED = "failed"  # anything else that ended without a summary
+NOT_OK = (OOM, UNSUPPORTED, FAILED)  # most telling first
+
 # ---------------------------------------------------------------- one run's directory (training -> parse)
 SUMMARY = "summary.json"  # the run's row: trainer summary + sampler peaks + status
 TRAIN_SUMMARY = "train_summary.json"  # rank 0's summary, before the launcher merges the sampler's

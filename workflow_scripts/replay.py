@@ -77,7 +77,7 @@ def problems(against: str | None) -> list[str]:
         rows = list(csv.DictReader(f))
     out = []
     for r in rows:
-        if r.get("status") != "ok":
+        if r.get("status") != C.OK:
             continue
         layout = C.layout_key(r.get("layout"), r["world_size"])
         path = run_dir(against, r["model"], r["strategy"], layout, int(float(r["repeat"]))) / C.RUN_SPEC

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from workflow_scripts import columns as C
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.training.batches import Batches, load_data, make_model
 from workflow_scripts.training.context import from_spec
@@ -101,7 +102,7 @@ def run(spec: dict) -> dict:
     device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
     fpt = model_flops_per_token(spec["model"], n_params, seq_len)
     losses = [float(x) for x in logged]
-    return {"status": "ok", "runner": "ceiling", "run_id": spec["run_id"], "model": spec["model"], "world_size": 1,
+    return {"status": C.OK, "runner": "ceiling", "run_id": spec["run_id"], "model": spec["model"], "world_size": 1,
             "precision": spec["precision"], "device_name": device_name, "n_params": n_params, "seq_len": seq_len,
             "micro_batch": ctx.micro_batch, "grad_accum": ctx.accum, "effective_batch": ctx.effective_batch,
             "steps": steps, "timed_steps": steps - warmup, "timed_s": seconds,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from workflow_scripts import columns as C
 from workflow_scripts import study
 from workflow_scripts.bench import ceiling, trainer
 from workflow_scripts.training import harness
@@ -76,7 +77,7 @@ def run_module(module: str, spec: dict, summary: str, attempts: int = 1) -> dict
     for attempt in range(1, attempts + 1):
         code, tail = run_logged(cmd, path.parent / f"{module}.attempt{attempt}.log", env=environment(spec))
         result = outcome(code, tail, Path(spec["out_dir"]) / summary, module)
-        if result.get("status") in ("ok", "unavailable"):
+        if result.get("status") in (C.OK, "unavailable"):
             break
         print(f"{module} attempt {attempt} failed: {result['reason']}", flush=True)
     return {**result, "attempts": attempt}
@@ -172,11 +173,11 @@ def compare_summary(df: pd.DataFrame) -> pd.DataFrame:
     has its own row (strategy `ceiling`, its MFU in the `ours MFU` column)."""
     from workflow_scripts.report.stats import ci_overlap, mean_ci
 
-    ceiling_runs = df[(df["runner"] == CEILING) & (df["status"] == "ok")]
+    ceiling_runs = df[(df["runner"] == CEILING) & (df["status"] == C.OK)]
     top = mean_ci(ceiling_runs["tokens_per_s"]) if len(ceiling_runs) else None
     out = []
     for strategy, part in df.groupby("strategy", sort=False):
-        ok = part[part["status"] == "ok"]
+        ok = part[part["status"] == C.OK]
         cis = {runner: mean_ci(g["tokens_per_s"]) for runner, g in ok.groupby("runner", sort=False)}
         row = {"strategy": strategy, "rounds": int(part["runner"].isin(["ours", CEILING]).sum()),
                "precision": part["precision"].iloc[0]}

@@ -29,7 +29,7 @@ def committed_rows(results: Path) -> list[tuple[str, Path, float]]:
         tables = runs_csv.parent
         runs = pd.read_csv(runs_csv)
         for row in runs.to_dict("records"):
-            if row["status"] != "ok" or str(row.get("platform")) == "cpu":
+            if row["status"] != C.OK or str(row.get("platform")) == "cpu":
                 continue
             layout = row["layout"] if isinstance(row.get("layout"), str) else f"ws{row['world_size']}"
             run_dir = tables.parent / "runs" / row["model"] / row["strategy"] / layout / f"r{int(row['repeat'])}"

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainingArguments, __version__ as TRANSFORMERS_VERSION
 
+from workflow_scripts import columns as C
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.training.batches import load_data, make_model
 from workflow_scripts.training.context import from_spec, process_env
@@ -181,7 +182,7 @@ def run(spec: dict) -> dict | None:
     device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
     fpt = model_flops_per_token(spec["model"], n_params, seq_len)
     summary = {
-        "status": "ok", "runner": "hf_trainer", "trainer_setting": setting, "run_id": spec["run_id"],
+        "status": C.OK, "runner": "hf_trainer", "trainer_setting": setting, "run_id": spec["run_id"],
         "model": spec["model"],
         "strategy": spec["strategy"], "world_size": world, "precision": spec["precision"],
         "trainer_bf16": args.bf16, "device_name": device_name, "n_params": n_params, "seq_len": seq_len,

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from workflow_scripts import columns as C
 from workflow_scripts.report.figures import apply_style, corner_note, grid, parse_style, save, titled
 from workflow_scripts.report.tables import read_runs
 
@@ -36,11 +37,11 @@ UNIT_BYTES = {"GB": 1e9, "GiB": 2**30}
 def ours(runs: pd.DataFrame, model: str, strategy: str, layout: str, published: dict) -> dict:
     """Mean over the ok repeats of each measure, in the publication's units, and the run's precision."""
     rows = runs[(runs["model"] == model) & (runs["strategy"] == strategy) & (runs["layout"] == layout)]
-    ok = rows[rows["status"] == "ok"]
+    ok = rows[rows["status"] == C.OK]
     if ok.empty:
         return {"status": rows["status"].iloc[0] if len(rows) else "missing", "precision": None}
     memory = ok[MEMORY_COLUMNS[published["memory"]]] / UNIT_BYTES[published["memory_unit"]]
-    return {"status": "ok", "precision": ok["precision"].iloc[0], "repeats": len(ok),
+    return {"status": C.OK, "precision": ok["precision"].iloc[0], "repeats": len(ok),
             "seconds_per_epoch": ok["time_per_epoch_s"].mean(), "peak_memory": memory.mean(),
             "final_loss": ok["final_loss"].mean()}
 
@@ -84,8 +85,8 @@ def headlines_table(table: pd.DataFrame, published: dict) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["headline", "model", "slower", "faster", "published", "as_published", "fair"])
 
 
-def cell(value, ratio_value=None, precision=None, status="ok") -> str:
-    if status not in (None, "ok"):
+def cell(value, ratio_value=None, precision=None, status=C.OK) -> str:
+    if status not in (None, C.OK):
         return status
     if value is None or pd.isna(value):
         return "–"

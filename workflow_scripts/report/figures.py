@@ -53,13 +53,14 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
+from workflow_scripts import columns as C  # noqa: E402
 from workflow_scripts.report.stats import t_quantile  # noqa: E402
 from workflow_scripts.columns import FIGURES, STEP_COLUMNS, VRAM_COLUMNS  # noqa: E402
 from workflow_scripts.report.tables import (is_image_model, layout_word, memory_unit, model_order, order_strategies,  # noqa: E402
                                             read_runs, read_table, strategy_rank, summarise, with_layout)
 DEFAULT_STYLE = {"context": "paper", "palette": "colorblind", "dpi": 150, "width": 4.5, "height": 3.2,
                  "font_scale": 1.0, "include_hidden": False, "step_marker_every": None}
-STATUS_MARK = {"oom": "OOM", "unsupported": "n/a", "failed": "failed"}
+STATUS_MARK = {C.OOM: "OOM", C.UNSUPPORTED: "n/a", C.FAILED: "failed"}  # a status as a figure marks it
 BACKEND_LABEL = {"nvml": "device-wide used (NVML)", "amdsmi": "device-wide used (amdsmi)",
                  "torch": "torch reserved", "host": "host RSS, training processes"}
 BACKEND_PRIORITY = ["nvml", "amdsmi", "torch", "host"]
@@ -101,7 +102,7 @@ def prepare(runs: pd.DataFrame, steps: pd.DataFrame, vram: pd.DataFrame, style: 
     runs = runs[~runs["strategy"].isin(hidden)].reset_index(drop=True)
     steps = with_layout(steps[~steps["strategy"].astype(object).isin(hidden)].dropna(subset=["world_size"]))
     vram = with_layout(vram[~vram["strategy"].astype(object).isin(hidden)].dropna(subset=["world_size"]))
-    with_data = order_strategies(list(runs.loc[runs["status"] == "ok", "strategy"])
+    with_data = order_strategies(list(runs.loc[runs["status"] == C.OK, "strategy"])
                                  + list(steps["strategy"].dropna().astype(str)))
     colours, dashes = strategy_colours(with_data, style["palette"])
     for name in set(runs["strategy"]) | set(vram["strategy"].dropna().astype(str)):
@@ -170,7 +171,7 @@ def mark_missing(ax: plt.Axes, x: float, word: str, width: float = 0.8) -> None:
 
 def missing_note(rows: pd.DataFrame) -> str:
     """'not shown: zero3 (OOM), zero_infinity (n/a)' for the rows without a successful run."""
-    bad = rows[rows["status"] != "ok"]
+    bad = rows[rows["status"] != C.OK]
     return ("not shown: " + ", ".join(f"{r.strategy} ({STATUS_MARK.get(r.status, r.status)})"
                                       for r in bad.itertuples())) if len(bad) else ""
 
@@ -212,7 +213,7 @@ def bar_panel(ax: plt.Axes, rows: pd.DataFrame, metric: str, scale: float, colou
     """One bar per strategy (mean, 95% CI error bar); OOM/unsupported/failed as hatched empty bars."""
     for x, row in enumerate(rows.itertuples()):
         value, half = getattr(row, metric) * scale, getattr(row, f"{metric}_ci95") * scale
-        if row.status != "ok":
+        if row.status != C.OK:
             mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
         elif pd.isna(value):
             mark_missing(ax, x, "n/a")
@@ -245,7 +246,7 @@ def throughput_figure(data: Data) -> plt.Figure:
 def accuracy_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict) -> None:
     """Validation top-1 accuracy before (hatched) and after training, per strategy."""
     for x, row in enumerate(rows.itertuples()):
-        if row.status != "ok":
+        if row.status != C.OK:
             mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
             continue
         colour = colours.get(row.strategy)
@@ -259,7 +260,7 @@ def accuracy_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict) -> None:
 
 def lora_panel(ax: plt.Axes, summary: pd.DataFrame, full: str) -> None:
     """The same model fine-tuned fully and with LoRA (same strategy and GPUs): peak memory, trainable parameters."""
-    rows = summary[summary["model"].isin([full, f"{full}-lora"]) & (summary["status"] == "ok")]
+    rows = summary[summary["model"].isin([full, f"{full}-lora"]) & (summary["status"] == C.OK)]
     rows = rows.sort_values("model")
     unit, div = memory_unit(float(rows["peak_allocated_bytes"].max()))
     ax.bar(range(len(rows)), rows["peak_allocated_bytes"] / div, 0.6, color=["C0", "C1"][:len(rows)])
@@ -274,7 +275,7 @@ def lora_panel(ax: plt.Axes, summary: pd.DataFrame, full: str) -> None:
 
 def accuracy_figure(data: Data) -> plt.Figure:
     keys = [k for k in panel_keys(data.summary) if is_image_model(k[0])]
-    models = set(data.summary.loc[data.summary["status"] == "ok", "model"])
+    models = set(data.summary.loc[data.summary["status"] == C.OK, "model"])
     pairs = sorted(m for m in models if f"{m}-lora" in models)
     fig, axes = grid(len(keys) + len(pairs), data.style)
     for ax, (model, layout) in zip(axes, keys):
@@ -318,7 +319,7 @@ def phases_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
     for x, row in enumerate(rows.itertuples()):
         parts = [getattr(row, col) if col else None for col, _ in PHASES[:-1]]
         step = row.step_time_median_s
-        if row.status != "ok":
+        if row.status != C.OK:
             mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
             continue
         if pd.isna(step) or any(pd.isna(p) for p in parts):
@@ -375,7 +376,7 @@ def memory_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
     unit, div = memory_unit(float(np.nanmax(pd.concat(values).to_numpy(float), initial=0.0)) or math.nan)
     width = 0.8 / len(series)
     for x, row in enumerate(rows.itertuples()):
-        if row.status != "ok":
+        if row.status != C.OK:
             mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
             continue
         for i, (col, label) in enumerate(series):
@@ -530,8 +531,8 @@ def memory_timeline_figure(data: Data) -> plt.Figure:
         samples = v[(v["model"] == model) & (v["layout"] == layout) & (v["strategy"] == strategy)]
         row = data.summary[(data.summary["model"] == model) & (data.summary["layout"] == layout)
                            & (data.summary["strategy"] == strategy)]
-        status = row["status"].iloc[0] if len(row) else "ok"
-        ax.set_title(f"{strategy}{'' if status == 'ok' else ' — ' + STATUS_MARK.get(status, status)}\n"
+        status = row["status"].iloc[0] if len(row) else C.OK
+        ax.set_title(f"{strategy}{'' if status == C.OK else ' — ' + STATUS_MARK.get(status, status)}\n"
                      f"{panel_title(data.summary, model, layout)}", fontsize="small")
         if samples["used_bytes"].notna().any():
             timeline_panel(ax, samples, div, unit, data.style["step_marker_every"])
@@ -545,14 +546,14 @@ def memory_timeline_figure(data: Data) -> plt.Figure:
 # ---------------------------------------------------------------- memory vs throughput
 def tradeoff_note(rows: pd.DataFrame) -> str:
     """What the scatter cannot place: failed runs and successful ones without both numbers."""
-    ok = rows["status"] == "ok"
+    ok = rows["status"] == C.OK
     no_value = rows[ok & (rows["peak_memory_bytes"].isna() | rows["tokens_per_s"].isna())]
     return "; ".join(filter(None, [missing_note(rows),
                                    "no value: " + ", ".join(no_value["strategy"]) if len(no_value) else ""]))
 
 
 def tradeoff_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict) -> None:
-    ok = rows[(rows["status"] == "ok") & rows["peak_memory_bytes"].notna() & rows["tokens_per_s"].notna()]
+    ok = rows[(rows["status"] == C.OK) & rows["peak_memory_bytes"].notna() & rows["tokens_per_s"].notna()]
     unit, div = memory_unit(float(ok["peak_memory_bytes"].max()) if len(ok) else math.nan)
     for i, row in enumerate(ok.sort_values("tokens_per_s").itertuples()):
         x, y = row.peak_memory_bytes / div, row.tokens_per_s
@@ -599,7 +600,7 @@ def scaling_panel(ax: plt.Axes, rows: pd.DataFrame, data: Data) -> None:
     stacked: dict = {}
     for strategy in order_strategies(rows["strategy"]):
         s = rows[rows["strategy"] == strategy].sort_values("world_size")
-        ok = s[(s["status"] == "ok") & s["tokens_per_s"].notna()]
+        ok = s[(s["status"] == C.OK) & s["tokens_per_s"].notna()]
         colour = data.colors.get(strategy)
         if len(ok):
             ax.errorbar(ok["world_size"], ok["tokens_per_s"], yerr=ok["tokens_per_s_ci95"].fillna(0), marker="o",
@@ -607,14 +608,14 @@ def scaling_panel(ax: plt.Axes, rows: pd.DataFrame, data: Data) -> None:
             w0, y0 = ok["world_size"].iloc[0], ok["tokens_per_s"].iloc[0]
             ideal = [w for w in sizes if w >= w0]
             ax.plot(ideal, [y0 * w / w0 for w in ideal], color=colour, linestyle=(0, (2, 2)), linewidth=0.8)
-        for row in s[s["status"] != "ok"].itertuples():
+        for row in s[s["status"] != C.OK].itertuples():
             failed_marker(ax, trans, row.world_size, f"{strategy}: {STATUS_MARK.get(row.status, row.status)}",
                           colour, stacked)
     ax.set_xticks(sizes)
     ax.margins(x=0.3)
     ax.set_xlabel("world size (GPUs or CPU ranks)")
     ax.set_ylabel("tokens/s (mean ± 95% CI)")
-    ax.set_ylim(0, None if (rows["status"] == "ok").any() else 1)
+    ax.set_ylim(0, None if (rows["status"] == C.OK).any() else 1)
     if len(sizes) == 1:
         corner_note(ax, f"one world size only ({sizes[0]}): no scaling measured")
 
@@ -653,7 +654,7 @@ def rank_memory(runs: pd.DataFrame, column: str) -> list[float]:
     """Each rank's peak, the mean over the successful repeats ([] for tables older than the per-rank columns)."""
     if column not in runs:
         return []
-    lists = [rank_values(c) for c in runs.loc[runs["status"] == "ok", column]]
+    lists = [rank_values(c) for c in runs.loc[runs["status"] == C.OK, column]]
     lists = [v for v in lists if v]
     return list(np.mean(lists, axis=0)) if lists else []
 
@@ -667,7 +668,7 @@ def layouts_panels(axes, rows: pd.DataFrame, runs: pd.DataFrame, data: Data, on_
     unit, div = memory_unit(max((max(v) for v in per_rank if v), default=0.0))
     for x, (row, ranks) in enumerate(zip(rows.itertuples(), per_rank)):
         colour = data.colors.get(row.strategy)
-        if row.status != "ok":
+        if row.status != C.OK:
             mark_missing(speed, x, STATUS_MARK.get(row.status, row.status))
             mark_missing(memory, x, STATUS_MARK.get(row.status, row.status))
             continue

@@ -27,7 +27,7 @@ def _flat(summary: dict) -> dict:
 def retimed(summary: dict, run_dir: Path) -> dict:
     """Time, throughput and MFU recomputed from the per-step rows with the one shared rule
     (metrics.timing), so every run of a table is measured the same way."""
-    if summary.get("status") != "ok":
+    if summary.get("status") != C.OK:
         return summary
     spec = json.loads((run_dir / C.RUN_SPEC).read_text())
     rows = pd.read_csv(run_dir / C.METRICS).to_dict("records")
@@ -52,7 +52,7 @@ def run_row(run_dir: Path, tables_dir: Path) -> dict:
 def predicted_peak(summary: dict, run_dir: Path) -> dict:
     """The analytic whole-peak prediction of an ok run (workflow_scripts/plan): torch-allocated and device-wide,
     or why there is none."""
-    if summary.get("status") != "ok" or summary.get("platform") == "cpu":
+    if summary.get("status") != C.OK or summary.get("platform") == "cpu":
         return {"predicted_peak_bytes": None, "predicted_device_peak_bytes": None,
                 "predicted_peak_note": "no GPU peak to predict"}
     from workflow_scripts.plan.predict import predict_run

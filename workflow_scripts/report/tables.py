@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from workflow_scripts import columns as C
 from workflow_scripts.columns import GROUP_KEYS, RUN_COLUMNS, RUN_TEXT, layout_key
 from workflow_scripts.report.stats import ALPHA, compare, mean_ci, within
 
@@ -34,8 +35,7 @@ KEYS = GROUP_KEYS  # one summary row per (model, strategy, layout)
 # fixed, readable order of strategies (unknown ones follow, alphabetically)
 STRATEGY_ORDER = ["ddp", "ddp_overlap", "grad_accum", "zero0", "zero1", "zero2", "zero2_compress", "zero2_offload",
                   "zero3", "zero3_offload", "zero_infinity", "zeropp", "fsdp"]
-FAILED_STATUSES = ["oom", "unsupported", "failed"]  # most telling first
-STATUS_WORD = {"oom": "OOM", "unsupported": "unsupported", "failed": "failed"}
+STATUS_WORD = {C.OOM: "OOM", C.UNSUPPORTED: "unsupported", C.FAILED: "failed"}  # a status as a table cell says it
 
 # metrics aggregated over the successful repeats of a (model, strategy, layout)
 METRICS = ["time_per_epoch_s", "train_time_s", "tokens_per_s", "samples_per_s", "mfu", "final_loss",
@@ -99,7 +99,7 @@ def peak_memory(row) -> tuple[float, str | None]:
 def prepare_runs(df: pd.DataFrame) -> pd.DataFrame:
     """Normalise status and in_figures, fill text keys, add peak_memory_bytes / peak_memory_source."""
     df = df.copy()
-    df["status"] = df["status"].fillna("failed").astype(str).str.strip().str.lower().replace("", "failed")
+    df["status"] = df["status"].fillna(C.FAILED).astype(str).str.strip().str.lower().replace("", C.FAILED)
     df["in_figures"] = [parse_bool(v) for v in df["in_figures"].astype(object)]
     for col in ("model", "strategy", "platform", "reason", "provenance"):
         df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str)
@@ -163,18 +163,18 @@ def memory_unit(max_bytes: float) -> tuple[str, float]:
 # ---------------------------------------------------------------- aggregation
 def group_status(statuses: list[str]) -> tuple[str, str]:
     """(status, detail): 'ok' when any repeat succeeded, else the most telling failure."""
-    failures = [s for s in statuses if s != "ok"]
+    failures = [s for s in statuses if s != C.OK]
     n_ok = len(statuses) - len(failures)
     counts = ", ".join(f"{failures.count(s)} {s}" for s in sorted(set(failures), key=_failure_rank))
     if n_ok == len(statuses):
-        return "ok", ""
+        return C.OK, ""
     if n_ok:
-        return "ok", f"{n_ok}/{len(statuses)} ok; {counts}"
+        return C.OK, f"{n_ok}/{len(statuses)} ok; {counts}"
     return min(set(failures), key=_failure_rank), counts if len(set(failures)) > 1 else ""
 
 
 def _failure_rank(status: str) -> int:
-    return FAILED_STATUSES.index(status) if status in FAILED_STATUSES else len(FAILED_STATUSES)
+    return C.NOT_OK.index(status) if status in C.NOT_OK else len(C.NOT_OK)
 
 
 def _first(rows: pd.DataFrame, col: str):
@@ -185,13 +185,13 @@ def _first(rows: pd.DataFrame, col: str):
 def summarise_group(rows: pd.DataFrame) -> dict:
     rows = rows.sort_values("repeat")
     status, detail = group_status(list(rows["status"]))
-    ok = rows[rows["status"] == "ok"]
+    ok = rows[rows["status"] == C.OK]
     source = ok if len(ok) else rows
     out = {"status": status, "status_detail": detail, "n_runs": len(rows), "n_ok": len(ok)}
     out.update({col: _first(source, col) for col in CONFIG})
     out["n_params"] = _first(rows, "n_params")  # a model property: also known for runs that never started
     out["in_figures"] = bool(rows["in_figures"].all())
-    out["reason"] = "; ".join(dict.fromkeys(r for r in rows.loc[rows["status"] != "ok", "reason"] if r))
+    out["reason"] = "; ".join(dict.fromkeys(r for r in rows.loc[rows["status"] != C.OK, "reason"] if r))
     out["provenance"] = ";".join(p for p in rows["provenance"] if p)
     out["repeats"] = ";".join(str(int(r)) if float(r).is_integer() else str(r) for r in rows["repeat"])
     out["peak_memory_source"] = ";".join(dict.fromkeys(s for s in ok["peak_memory_source"] if s))
@@ -225,7 +225,7 @@ def consistency(runs: pd.DataFrame, tolerance: float) -> pd.DataFrame:
     the tolerance (inclusive)."""
     from workflow_scripts.training.strategies import STRATEGIES
 
-    ok = runs[runs["status"] == "ok"].set_index(["model", "layout", "strategy", "repeat"])["final_loss"]
+    ok = runs[runs["status"] == C.OK].set_index(["model", "layout", "strategy", "repeat"])["final_loss"]
     out = []
     for name in sorted(set(runs["strategy"])):
         reference = getattr(STRATEGIES.get(name), "must_match", None)
@@ -324,7 +324,7 @@ def throughput_cell(row, pm: str) -> str:
 
 def metric_cells(row, unit: tuple[str, float], pm: str, mark) -> list[str]:
     """Time/epoch, the step's phases, peak memory, final loss, tokens/s, MFU: mean ± CI, or the status word."""
-    if row["status"] != "ok":
+    if row["status"] != C.OK:
         return [STATUS_WORD.get(row["status"], row["status"])] * 6
     memory = fmt_mean_ci(row["peak_memory_bytes"] / unit[1], row["peak_memory_bytes_ci95"] / unit[1], pm=pm)
     sources = [s for s in str(row["peak_memory_source"]).split(";") if s]
@@ -477,11 +477,11 @@ def metric_section(ok: pd.DataFrame, metric: str, title: str) -> list[str]:
 def group_section(runs: pd.DataFrame, summary: pd.DataFrame, model: str, layout: str) -> list[str]:
     rows = summary[(summary["model"] == model) & (summary["layout"] == layout)]
     platform = str(rows["platform"].iloc[0]) if len(rows) else ""
-    counts = ", ".join(f"`{r['strategy']}` {r['n_ok']}/{r['n_runs']}" + ("" if r["status"] == "ok" else
+    counts = ", ".join(f"`{r['strategy']}` {r['n_ok']}/{r['n_runs']}" + ("" if r["status"] == C.OK else
                        f" ({r['status']})") for _, r in rows.iterrows())
     where = layout_word(layout, int(rows["world_size"].iloc[0]), platform) if len(rows) else layout
     lines = [f"## {model}, {where}", "", f"Successful / total repeats: {counts}.", ""]
-    ok = runs[(runs["model"] == model) & (runs["layout"] == layout) & (runs["status"] == "ok")]
+    ok = runs[(runs["model"] == model) & (runs["layout"] == layout) & (runs["status"] == C.OK)]
     for metric, title in COMPARED:
         lines += metric_section(ok, metric, title)
     return lines

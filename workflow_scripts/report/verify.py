@@ -71,7 +71,7 @@ def recorded_tolerances(committed: Path, tol: dict) -> tuple[dict, str]:
 
 def repeat_spread(runs: pd.DataFrame) -> dict:
     """Per (model, strategy, layout) with at least two `ok` repeats in tokens/s: largest / smallest - 1."""
-    ok = runs[runs["status"] == "ok"].reset_index()
+    ok = runs[runs["status"] == C.OK].reset_index()
     out = {}
     for key, group in ok.groupby(KEYS[:-1]):
         speed = pd.to_numeric(group["tokens_per_s"], errors="coerce").dropna()
@@ -160,7 +160,7 @@ def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committe
         return {**out, "verdict": "missing", "why": f"only in the {'rerun' if key in new.index else 'committed set'}"}
     n, o = new.loc[key], old.loc[key]
     changed = replay.settings_diff(replay.run_settings(committed, *key), replay.run_settings(rerun, *key))
-    m = measures(n, o) if n["status"] == o["status"] == "ok" else {}
+    m = measures(n, o) if n["status"] == o["status"] == C.OK else {}
     if m and all(cals):
         m["calibration_ratio"], m["bound"] = bound.predicted_ratio(o, *cals)
     if m and key[:-1] in spreads:
@@ -170,7 +170,7 @@ def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committe
         return {**out, **m, "verdict": "settings-changed", "why": "; ".join(changed)}
     if n["status"] != o["status"]:
         return {**out, "verdict": "status-changed", "why": f"{o['status']} -> {n['status']}"}
-    if n["status"] != "ok":
+    if n["status"] != C.OK:
         return {**out, "verdict": "reproduced", "why": f"{n['status']} in both"}
     word, why = judge(m, m.get("calibration_ratio"), m.get("bound", "no calibration"), tol)
     return {**out, **m, "verdict": word, "why": why}

@@ -132,11 +132,11 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
 
     reason = unsupported_reason(spec, ctx)
     if reason:
-        write_not_started(spec, ctx, "unsupported", reason, started)
+        write_not_started(spec, ctx, C.UNSUPPORTED, reason, started)
         return 0
     reason = predicted_oom(spec, ctx)
     if reason:
-        write_not_started(spec, ctx, "oom", reason, started)
+        write_not_started(spec, ctx, C.OOM, reason, started)
         return 0
 
     for marker in [*out_dir.glob("oom_rank*.json"), out_dir / graceful_stop.STOPPED_MARKER]:
@@ -256,7 +256,7 @@ def write_result(spec: dict, ctx, rc: int, sampled: dict | None, started: float,
             _header_only(out_dir / C.METRICS, C.METRIC_COLUMNS)
         if not (out_dir / C.SETTINGS).exists():
             write_settings(spec, ctx, out_dir / C.SETTINGS)
-        summary = {**identity(spec, ctx), "status": "oom", "reason": failures[0]["error"], "oom_ranks": failures,
+        summary = {**identity(spec, ctx), "status": C.OOM, "reason": failures[0]["error"], "oom_ranks": failures,
                    "oom_allocated_bytes": max((f["allocated_bytes"] or 0) for f in failures) or None,
                    "oom_reserved_bytes": max((f["reserved_bytes"] or 0) for f in failures) or None}
     else:

@@ -52,7 +52,7 @@ def run_logged(cmd: list[str], log: Path, env=None) -> tuple[int, str]:
 def outcome(code: int, tail: str, summary: Path, what: str) -> dict:
     """A run's summary, or a failed status with the command's last lines."""
     if code != 0 or not summary.exists():
-        return {"status": "failed", "reason": f"{what} exit code {code}: {tail}"}
+        return {"status": C.FAILED, "reason": f"{what} exit code {code}: {tail}"}
     return json.loads(summary.read_text())
 
 
@@ -87,7 +87,7 @@ def first_losses(out_dir: Path, n: int = 3) -> list[float]:
 
 def choose(rows: list[dict], skipped: dict) -> dict:
     """The trial's verdict from its rows: the fastest candidate that finished (eager where none did)."""
-    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
+    ok = [r for r in rows if r["status"] == C.OK and r["tokens_per_s"]]
     others = ", ".join(f"{r['candidate']} {r['tokens_per_s']:,.0f}" for r in ok)
     left = "; ".join([f"{r['candidate']} {r['status']}" for r in rows if r not in ok]
                      + [f"{k} not run ({why})" for k, why in skipped.items()])

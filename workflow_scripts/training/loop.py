@@ -321,7 +321,7 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
         epoch_wall[r["epoch"]] = epoch_wall.get(r["epoch"], 0.0) + r["step_time_s"]
     val_initial, val_final = val_losses
     return {
-        "status": "ok", "run_id": spec["run_id"], "model": spec["model"], "strategy": spec["strategy"],
+        "status": C.OK, "run_id": spec["run_id"], "model": spec["model"], "strategy": spec["strategy"],
         "family": strategy.family, "zero_stage": strategy.zero_stage, "layout": ctx.layout.key, "parallel": ctx.parallel,
         "world_size": ctx.world_size, "dp_size": ctx.dp_size,
         "repeat": spec["repeat"], "platform": spec["platform"], "device_name": device_name,
