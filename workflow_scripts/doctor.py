@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from workflow_scripts.units import GIB
+
 
 def detect_platform() -> str:
     import torch
@@ -103,7 +105,7 @@ def report(cfg: dict, build: bool = False) -> dict:
     return {
         "configured_platform": platform, "detected_platform": detect_platform(), "devices": devices(),
         "collectives": collectives(), "libaio": ctypes.util.find_library("aio"),
-        "nvme_offload_dir": str(nvme), "free_disk_gib": round(shutil.disk_usage(probe).free / 2**30, 1),
+        "nvme_offload_dir": str(nvme), "free_disk_gib": round(shutil.disk_usage(probe).free / GIB, 1),
         "strategies": strategy_table(strategies, platform, build),
     }
 

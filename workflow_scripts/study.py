@@ -15,6 +15,7 @@ from workflow_scripts.training import harness
 from workflow_scripts.training.context import micro_and_accum
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
+from workflow_scripts.units import GIB
 
 
 def groups(config: dict) -> list[dict]:
@@ -120,7 +121,7 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
     }
     if config["plan"].get("refuse_oom") and config["platform"] != "cpu":  # opt-in: launch.predicted_oom
         plan = config["plan"]
-        spec["memory_guard"] = {"usable_bytes": (plan["gpu_memory_gib"] - plan["headroom_gib"]) * 2**30,
+        spec["memory_guard"] = {"usable_bytes": (plan["gpu_memory_gib"] - plan["headroom_gib"]) * GIB,
                                 "gpu_memory_gib": plan["gpu_memory_gib"], "headroom_gib": plan["headroom_gib"]}
     if config["profile"].get("enabled"):  # only then: a spec without traces stays what it was
         spec["profile"] = config["profile"]

@@ -18,8 +18,8 @@ import pandas as pd
 
 from workflow_scripts import columns as C
 from workflow_scripts.plan.predict import predict_run
+from workflow_scripts.units import GIB
 
-GIB = 2**30
 
 
 def committed_rows(results: Path) -> list[tuple[str, Path, float]]:

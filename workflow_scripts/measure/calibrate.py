@@ -30,7 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-MB = 10**6
+from workflow_scripts.units import GB, GIB, MB
+
 LAUNCHES = 20_000
 
 
@@ -82,11 +83,11 @@ def host_rows(work_dir: Path, rounds: int) -> list[dict]:
 
     out = [row("cpu_single_thread", 2.0 / timed(loop, rounds, best=True), "M iterations/s",
                "pure-Python integer loop, fastest round"),
-           row("host_memcpy", src.nbytes / timed(lambda: np.copyto(dst, src), rounds) / 1e9, "GB/s",
+           row("host_memcpy", src.nbytes / timed(lambda: np.copyto(dst, src), rounds) / GB, "GB/s",
                "numpy copy, 64 MiB"),
            row("cpu_adam", 1000 * timed(adam.step, rounds), "ms", "torch AdamW(foreach) step, 10 M fp32 parameters")]
-    out.append(row("disk_write", src.nbytes / timed(write, rounds) / 1e9, "GB/s", f"64 MiB + fsync in {work_dir}"))
-    out.append(row("disk_read", src.nbytes / timed(read, rounds) / 1e9, "GB/s", "64 MiB, page cache may serve it"))
+    out.append(row("disk_write", src.nbytes / timed(write, rounds) / GB, "GB/s", f"64 MiB + fsync in {work_dir}"))
+    out.append(row("disk_read", src.nbytes / timed(read, rounds) / GB, "GB/s", "64 MiB, page cache may serve it"))
     path.unlink()
     return out
 
@@ -96,8 +97,8 @@ def one_gpu(i: int, rounds: int) -> list[dict]:
 
     dev = torch.device("cuda", i)
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    host = torch.empty(2**30, dtype=torch.uint8, pin_memory=True)
-    device = torch.empty(2**30, dtype=torch.uint8, device=dev)
+    host = torch.empty(GIB, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(GIB, dtype=torch.uint8, device=dev)
 
     def sync(fn):
         def run():
@@ -117,8 +118,8 @@ def one_gpu(i: int, rounds: int) -> list[dict]:
 
     flops = 10 * 2 * 8192**3 / timed(sync(matmuls), rounds) / 1e12
     launch_us = 1e6 * timed(sync(launches), rounds, best=True) / LAUNCHES
-    h2d = 2**30 / timed(sync(lambda: device.copy_(host, non_blocking=True)), rounds) / 1e9
-    d2h = 2**30 / timed(sync(lambda: host.copy_(device, non_blocking=True)), rounds) / 1e9
+    h2d = GIB / timed(sync(lambda: device.copy_(host, non_blocking=True)), rounds) / GB
+    d2h = GIB / timed(sync(lambda: host.copy_(device, non_blocking=True)), rounds) / GB
     return [row(f"matmul_bf16[{i}]", flops, "TFLOP/s", torch.cuda.get_device_name(dev)),
             row(f"h2d[{i}]", h2d, "GB/s", "pinned, 1 GiB"), row(f"d2h[{i}]", d2h, "GB/s", "pinned, 1 GiB"),
             row(f"launch_us[{i}]", launch_us, "us", f"eager launch of a one-element add, {LAUNCHES} in a row, fastest round")]
@@ -174,9 +175,9 @@ def collectives(platform: str, rounds: int) -> None:
         t_ag = timed(sync(lambda: dist.all_gather_into_tensor(parts, x)), rounds)
         if dist.get_rank() == 0:
             label = f"{size // MB} MB, {n} ranks, {'NCCL/RCCL' if cuda else 'gloo'}"  # gloo: --collectives by hand
-            print(json.dumps(row(f"all_reduce_busbw[{n}x{size // MB}MB]", size / t_ar * 2 * (n - 1) / n / 1e9,
+            print(json.dumps(row(f"all_reduce_busbw[{n}x{size // MB}MB]", size / t_ar * 2 * (n - 1) / n / GB,
                                  "GB/s", label)))
-            print(json.dumps(row(f"all_gather_busbw[{n}x{size // MB}MB]", size * n / t_ag * (n - 1) / n / 1e9,
+            print(json.dumps(row(f"all_gather_busbw[{n}x{size // MB}MB]", size * n / t_ag * (n - 1) / n / GB,
                                  "GB/s", label)))
     dist.destroy_process_group()
 

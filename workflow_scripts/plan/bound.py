@@ -16,6 +16,8 @@ import json
 import re
 from pathlib import Path
 
+from workflow_scripts.units import GB
+
 MEASURES = {"compute": "bf16 matmul TFLOP/s", "communication": "all-reduce bus bandwidth",
             "host": "kernel launches/s", "python": "single-thread CPU speed"}
 GRAD_BYTES = 4  # fp32 gradients, as the bf16-mixed data-parallel engines reduce them
@@ -63,7 +65,7 @@ def split(row, speed: dict) -> dict:
         compute = min(1.0, achieved / (speed["compute"] * 1e12))
     communication = 0.0
     if ranks > 1 and speed["communication"]:
-        seconds = float(row["trainable_params"]) * GRAD_BYTES * 2 * (ranks - 1) / ranks / (speed["communication"] * 1e9)
+        seconds = float(row["trainable_params"]) * GRAD_BYTES * 2 * (ranks - 1) / ranks / (speed["communication"] * GB)
         communication = min(1.0 - compute, seconds / step_s)
     return {"compute": compute, "communication": communication, "host": 1.0 - compute - communication}
 

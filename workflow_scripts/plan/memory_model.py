@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from workflow_scripts.units import GIB
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -157,7 +159,6 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
     return out
 
 
-GIB = 2**30
 CONTEXT_BYTES = 1.8 * GIB  # one process's CUDA context, cuBLAS workspaces and torch's own (torch 2.11, CUDA 13)
 COMMUNICATOR_BYTES = 0.45 * GIB  # one NCCL communicator's buffers on a rank
 ALLOCATOR_SLACK = 0.17  # the caching allocator's reserve beyond its allocated peak

@@ -22,8 +22,8 @@ import pandas as pd
 from workflow_scripts import study
 from workflow_scripts.plan.predict import predict
 from workflow_scripts.training.models import MODELS, embedding_rows
+from workflow_scripts.units import GIB
 
-GIB = 2**30
 
 
 class PlanError(ValueError):

@@ -23,6 +23,7 @@ import pandas as pd
 from workflow_scripts import columns as C
 from workflow_scripts.report.figures import apply_style, corner_note, grid, parse_style, save, titled
 from workflow_scripts.report.tables import read_runs
+from workflow_scripts.units import GB, GIB
 
 MEASURES = {  # claim key -> (our runs.csv column, label)
     "seconds_per_epoch": ("time_per_epoch_s", "time per epoch (s)"),
@@ -31,7 +32,7 @@ MEASURES = {  # claim key -> (our runs.csv column, label)
 }
 MEMORY_COLUMNS = {"allocated": "peak_allocated_bytes", "reserved": "peak_reserved_bytes",
                   "device": "sampler_peak_device_bytes"}
-UNIT_BYTES = {"GB": 1e9, "GiB": 2**30}
+UNIT_BYTES = {"GB": GB, "GiB": GIB}
 
 
 def ours(runs: pd.DataFrame, model: str, strategy: str, layout: str, published: dict) -> dict:

@@ -29,6 +29,7 @@ import pandas as pd
 from workflow_scripts import columns as C
 from workflow_scripts.columns import GROUP_KEYS, RUN_COLUMNS, RUN_TEXT, layout_key
 from workflow_scripts.report.stats import ALPHA, compare, mean_ci, within
+from workflow_scripts.units import GIB, MIB
 
 KEYS = GROUP_KEYS  # one summary row per (model, strategy, layout)
 
@@ -157,7 +158,7 @@ def layout_word(layout: str, world_size: int, platform: str) -> str:
 
 def memory_unit(max_bytes: float) -> tuple[str, float]:
     """GiB for values of a GiB and more, MiB below."""
-    return ("GiB", 2.0 ** 30) if not math.isfinite(max_bytes) or max_bytes >= 2.0 ** 30 else ("MiB", 2.0 ** 20)
+    return ("GiB", float(GIB)) if not math.isfinite(max_bytes) or max_bytes >= GIB else ("MiB", float(MIB))
 
 
 # ---------------------------------------------------------------- aggregation

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from workflow_scripts import columns as C
 from workflow_scripts.training import graceful_stop, workflow_watch
+from workflow_scripts.units import GIB
 
 
 def _header_only(path: Path, columns: list[str]) -> None:
@@ -220,8 +221,8 @@ def predicted_oom(spec: dict, ctx) -> str | None:
                 compiled=compiles(t, MODELS[spec["model"]].family, spec.get("layout")))
     if not p.modelled or p.bound or p.device <= guard["usable_bytes"]:  # an upper bound refuses nothing
         return None
-    return (f"not started: predicted device-wide peak {p.device / 2**30:.1f} GiB per GPU (torch-allocated "
-            f"{p.total / 2**30:.1f}) > {guard['usable_bytes'] / 2**30:.1f} GiB usable ({guard['gpu_memory_gib']} GiB "
+    return (f"not started: predicted device-wide peak {p.device / GIB:.1f} GiB per GPU (torch-allocated "
+            f"{p.total / GIB:.1f}) > {guard['usable_bytes'] / GIB:.1f} GiB usable ({guard['gpu_memory_gib']} GiB "
             f"minus {guard['headroom_gib']} GiB headroom; analytic memory model, config plan.refuse_oom)")
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from workflow_scripts import columns as C
 from workflow_scripts.training import graceful_stop, harness
+from workflow_scripts.units import GIB
 
-GIB = 2**30
 
 
 def write_spec(spec: dict) -> Path:

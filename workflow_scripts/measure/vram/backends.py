@@ -24,7 +24,8 @@ from typing import Any
 
 import psutil
 
-MIB = 1024 * 1024  # amdsmi's vram_usage unit
+from workflow_scripts.units import MIB
+
 DEVICE_BACKENDS = ("nvml", "amdsmi", "torch")
 ALL_BACKENDS = DEVICE_BACKENDS + ("host",)
 
