@@ -31,8 +31,9 @@ def committed_rows(results: Path) -> list[tuple[str, Path, float]]:
         for row in runs.to_dict("records"):
             if row["status"] != C.OK or str(row.get("platform")) == "cpu":
                 continue
-            layout = row["layout"] if isinstance(row.get("layout"), str) else f"ws{row['world_size']}"
-            run_dir = tables.parent / "runs" / row["model"] / row["strategy"] / layout / f"r{int(row['repeat'])}"
+            run_dir = tables.parent / C.RUN_DIR.format(model=row["model"], strategy=row["strategy"],
+                                                        layout=C.layout_key(row.get("layout"), row["world_size"]),
+                                                        repeat=int(row["repeat"]))
             out.append((str(tables.parent.relative_to(results)), run_dir, row.get("sampler_peak_device_bytes")))
     return out
 
@@ -45,7 +46,7 @@ def table(results: Path) -> pd.DataFrame:
         settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
         measured = summary["peak_allocated_bytes"]
         row = {"set": name, "model": spec["model"], "strategy": spec["strategy"],
-               "layout": summary.get("layout", f"ws{spec['world_size']}"), "precision": spec["precision"],
+               "layout": C.layout_key(summary.get("layout"), spec["world_size"]), "precision": spec["precision"],
                "micro_batch": summary["micro_batch"], "measured_gib": measured / GIB}
         for method in ("analytic", "traced"):
             p = predict_run(spec, summary, method, settings)
