@@ -217,7 +217,13 @@ def bench_config(table):
     list never reruns the Trainer comparison, and the other way round)."""
     other = {
         "levers": ("strategies", "harness", "harness_by_strategy", "ceiling"),
-        "sampler": ("strategies", "harness", "harness_by_strategy", "levers", "ceiling"),
+        "sampler": (
+            "strategies",
+            "harness",
+            "harness_by_strategy",
+            "levers",
+            "ceiling",
+        ),
     }.get(table, ("levers", "lever_strategy"))
     cfg = {k: v for k, v in config.items() if k not in ("figures", "tables")}
     cfg["bench"] = {k: v for k, v in config["bench"].items() if k not in other}
