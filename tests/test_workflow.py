@@ -255,8 +255,7 @@ def test_figures_tables_and_report(default_study):
         assert (res / f"figures/{name}.png").stat().st_size > 5000
         assert (res / f"figures/{name}.pdf").stat().st_size > 1000
     summary = (res / "tables/summary.md").read_text()
-    for name in STRATEGIES:
-        if name != "zero0":
-            assert name in summary
+    rows = {line.split("|")[1].strip().strip("`") for line in summary.splitlines() if line.startswith("| `")}
+    assert set(STRATEGIES) - {"zero0"} <= rows, rows  # whole cells: `zero2` is not found inside `zero2_offload`
     html = (res / "report.html").read_text(errors="replace")
     assert len(html) > 10000 and "loss_curves" in html
