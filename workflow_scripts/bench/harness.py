@@ -20,7 +20,6 @@ Writes into --out-dir: levers.csv / .md, harness_vs_trainer.csv / .md, and per r
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ import pandas as pd
 from workflow_scripts import columns as C
 from workflow_scripts import study
 from workflow_scripts.bench import ceiling, trainer
+from workflow_scripts.measure.provenance import config_hash
 from workflow_scripts.training import harness
 from workflow_scripts.training.build_ops import needed_ops
 from workflow_scripts.training.lever_trial import measured, outcome, run_launcher, run_logged, write_spec
@@ -96,7 +96,7 @@ class Rounds:
 
     def __init__(self, path: Path, config: dict, table):
         self.path, self.table = path, table
-        self.sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+        self.sha = config_hash(config)
         old = pd.read_csv(path) if path.exists() else pd.DataFrame()
         self.rows = old[old["config_sha"] == self.sha].to_dict("records") if "config_sha" in old else []
         if self.rows:
