@@ -68,7 +68,7 @@ def test_a_measured_auto_runs_the_candidates_each_configuration_can_run():
     import yaml
 
     from conftest import REPO
-    from workflow_scripts.training.harness import CANDIDATES, TRIAL_KEYS, trial_candidates
+    from workflow_scripts.training.levers import CANDIDATES, TRIAL_KEYS, trial_candidates
 
     cfg = {**config("cuda"), "auto_levers": {"by": "measurement"}}
     spec = study.run_spec(cfg, "gpt2-medium", "ddp", 1, 0, {}, "o", "w", [], measured=True)["train"]
@@ -102,7 +102,7 @@ def test_a_compiled_run_is_bounded_by_the_eager_count():
 
 
 def test_what_counts_as_compiled_for_the_memory_model():
-    from workflow_scripts.training.harness import compiles
+    from workflow_scripts.training.levers import compiles
 
     assert compiles({"compile_blocks": True}, "gpt2", {}) and compiles({"compile_loss": True}, "qwen2", {})
     assert not compiles({"compile_loss": True}, "vit", {})  # a ViT's loss is not ours to compile
@@ -145,7 +145,7 @@ def test_the_chunked_loss_gives_the_heads_loss_and_gradients():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from workflow_scripts.training import chunked_loss
-    from workflow_scripts.training.strategies.base import input_ids, lm_loss
+    from workflow_scripts.training.strategies.engine import input_ids, lm_loss
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=101, n_positions=16, resid_pdrop=0.0,

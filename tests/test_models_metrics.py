@@ -83,7 +83,7 @@ def test_the_loss_skips_context_tokens_and_the_model_reads_them():
     import torch
     import torch.nn.functional as F
 
-    from workflow_scripts.training.strategies.base import input_ids, lm_loss
+    from workflow_scripts.training.strategies.engine import input_ids, lm_loss
 
     torch.manual_seed(0)
     ids = torch.randint(0, 50, (2, 8))

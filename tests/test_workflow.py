@@ -3,6 +3,7 @@ end (every strategy has a row, losses go down, DDP / ZeRO-0 / ZeRO-1 agree, figu
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -29,9 +30,20 @@ def test_snakemake_files_are_snakefmt_clean():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_dry_run_plans_every_stage(tmp_path):
+def files_of(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")
+            if p.is_file() and ".snakemake" not in p.parts}
+
+
+def test_dry_run_plans_every_stage_without_torch_and_changes_no_file(tmp_path):
+    """The parse (every -n, lint, report and SLURM job) imports no torch: a `torch` that cannot be imported is
+    first on the path. It writes nothing outside Snakemake's own .snakemake folder."""
     wd = copy_workflow(tmp_path / "wf")
-    out = snakemake(wd, "-n", "--quiet", "rules").stdout
+    (tmp_path / "notorch/torch").mkdir(parents=True)
+    (tmp_path / "notorch/torch/__init__.py").write_text("raise ImportError('torch imported by the parse')\n")
+    before = files_of(wd)
+    out = snakemake(wd, "-n", "--quiet", "rules", env={"PYTHONPATH": str(tmp_path / "notorch")}).stdout
+    assert files_of(wd) == before
     counts = {line.split()[0]: int(line.split()[1]) for line in out.splitlines()
               if len(line.split()) == 2 and line.split()[1].isdigit()}
     assert counts["train"] == len(STRATEGIES)

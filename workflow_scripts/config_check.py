@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from workflow_scripts import study
@@ -19,6 +20,9 @@ from workflow_scripts.training.strategies._deepspeed import BF16_KEYS
 
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-pure")
+# jsonschema checks the `iri` formats with rfc3987_syntax where it is installed (JupyterLab, through HTA, brings it):
+# building its grammar took 1.5 s of every Snakefile parse on two cores. The schemas use no such format: keep it out.
+sys.modules.setdefault("rfc3987_syntax", None)
 
 
 class ConfigError(ValueError):

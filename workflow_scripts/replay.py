@@ -56,7 +56,7 @@ def decisions(spec: dict, auto_keys: list[str], against: str) -> dict:
         return spec["train"]
     train = spec["train"]
     if train.get("lever_trial"):  # measured levers: the committed run's measurement, no new trial
-        from workflow_scripts.training.harness import TRIAL_KEYS
+        from workflow_scripts.training.levers import TRIAL_KEYS
 
         train = {k: v for k, v in train.items() if k != "lever_trial"}
         auto_keys = list(dict.fromkeys([*auto_keys, *TRIAL_KEYS]))

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 from workflow_scripts import columns as C
 from workflow_scripts import replay
-from workflow_scripts.training import harness
-from workflow_scripts.training.context import micro_and_accum
+from workflow_scripts.training import levers
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
+from workflow_scripts.training.strategies import micro_and_accum
 from workflow_scripts.units import GIB
 
 
@@ -126,11 +126,11 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
     if config["profile"].get("enabled"):  # only then: a spec without traces stays what it was
         spec["profile"] = config["profile"]
         spec["trace_dir"] = trace_dir(config, model, strategy, layout.key, repeat)
-    # auto levers made true/false: the spec says what the run does (training/harness.py: the GPU fast path)
+    # auto levers made true/false: the spec says what the run does (training/levers.py: the GPU fast path)
     micro, _ = micro_and_accum(spec)  # of one forward (grad_accum splits the micro-batch)
     auto = [k for k, v in spec["train"].items() if v == replay.AUTO]
     trial = lever_trial_path(config, model, strategy, layout.key) if measured else None
-    spec["train"] = harness.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
+    spec["train"] = levers.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
                                     block_flops(config, model, micro, spec["layout"]), trial)
     against = (config.get("verify") or {}).get("against")
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
@@ -154,8 +154,8 @@ def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, o
     no sampler and no traces; results and scratch under work_dir/lever_trial (not results: the verdict is)."""
     cfg = config["auto_levers"]
     train = {**config["train"], **overrides}
-    names, skipped = harness.trial_candidates(cfg["candidates"], config["platform"], layout.data_only,
-                                              MODELS[model].family, train)
+    names, skipped = levers.trial_candidates(cfg["candidates"], config["platform"], layout.data_only,
+                                             MODELS[model].family, train)
     root = f"{config['work_dir']}/lever_trial/{model}/{strategy}/{layout.key}"
     steps = {"max_steps": train["timing_warmup_steps"] + cfg["steps"], "checkpoint_every": 0,
              "log_every": max(1, cfg["steps"]), "eval_batches": 1}

@@ -32,7 +32,7 @@ from workflow_scripts.training.batches import Batches, load_data, make_model
 from workflow_scripts.training.context import from_spec
 from workflow_scripts.training.models import count_params, model_flops_per_token
 from workflow_scripts.training.precision import policy
-from workflow_scripts.training.strategies.base import input_ids, lm_loss
+from workflow_scripts.training.strategies.engine import input_ids, lm_loss
 
 SUMMARY = "ceiling_summary.json"
 

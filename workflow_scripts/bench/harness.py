@@ -30,14 +30,14 @@ from workflow_scripts import columns as C
 from workflow_scripts import study
 from workflow_scripts.bench import ceiling, trainer
 from workflow_scripts.measure.provenance import config_hash
-from workflow_scripts.training import harness
+from workflow_scripts.training import levers
 from workflow_scripts.training.build_ops import needed_ops
 from workflow_scripts.training.lever_trial import measured, outcome, run_launcher, run_logged, write_spec
 from workflow_scripts.training.precision import policy
 from workflow_scripts.training.launch import environment
 from workflow_scripts.training.strategies import get as get_strategy
 
-EAGER = dict.fromkeys(harness.LEVERS, False)  # the lever ladder starts eager: each lever adds one
+EAGER = dict.fromkeys(levers.LEVERS, False)  # the lever ladder starts eager: each lever adds one
 CEILING = "ceiling"  # the runner (and the strategy column) of the ceiling's rows
 
 

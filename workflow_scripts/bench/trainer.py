@@ -40,7 +40,7 @@ from workflow_scripts.training.batches import load_data, make_model
 from workflow_scripts.training.context import from_spec, process_env
 from workflow_scripts.training.models import count_params, model_flops_per_token, transformer_blocks
 from workflow_scripts.training.strategies import get as get_strategy
-from workflow_scripts.training.strategies.base import input_ids, targets
+from workflow_scripts.training.strategies.engine import input_ids, targets
 
 
 class TokenBlocks(torch.utils.data.Dataset):

@@ -9,7 +9,7 @@ Chat corpora (corpus kind `chat`, supervised fine-tuning) are rendered with the 
 ChatML template, Qwen2.5's format, where the tokenizer has none: recorded in the manifest); only the assistant's
 answer and the EOS after it are trained. The blocks then hold int32 and every other token (system and user turns,
 the template's framing up to the answer) is stored as -(id + 1): the model reads id, no loss predicts it
-(`training.strategies.base.input_ids` / `targets`). The manifest's `loss_on` says which: "all" or "response".
+(`training.strategies.engine.input_ids` / `targets`). The manifest's `loss_on` says which: "all" or "response".
 """
 from __future__ import annotations
 

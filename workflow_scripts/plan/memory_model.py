@@ -140,7 +140,7 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
       between steps also when the gradients are views into them (gradient_as_bucket_view only saves the separate
       .grad tensors). DDP rebuilds its buckets after the first step (measured: a transient second copy, at a
       moment of low memory, so not the peak). None when the model is not wrapped (`ddp_wrapped`: one rank,
-      training/strategies/_ddp.py; runs made before that change were wrapped at one rank too).
+      training/strategies/_ddp_engine.py; runs made before that change were wrapped at one rank too).
     - DeepSpeed with fp32 parameters (fp32, bf16-mixed): the optimizer's fp32 partition is a clone of the fp32
       parameters, 4p/dp more (under bf16-pure that master copy is already in the optimizer states); with the
       optimizer offloaded it lives on the host. ZeRO-3 adds its flat gradient-partition buffer (gradient dtype;

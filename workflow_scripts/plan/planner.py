@@ -47,12 +47,12 @@ def usable_bytes(plan: dict) -> float:
 
 def compiled(config: dict, gpus: int, model: str, micro_batch: int, seq_len: int) -> bool:
     """Whether the run compiles (train.compile_blocks / compile_loss, `auto` resolved as a run spec does)."""
-    from workflow_scripts.training import harness
+    from workflow_scripts.training import levers
 
     family = MODELS[model].family
-    t = harness.resolve(config["train"], config["platform"], {"dp": gpus}, family,
-                        study.block_flops(config, model, micro_batch, {}, seq_len))
-    return harness.compiles(t, family, {"dp": gpus})
+    t = levers.resolve(config["train"], config["platform"], {"dp": gpus}, family,
+                       study.block_flops(config, model, micro_batch, {}, seq_len))
+    return levers.compiles(t, family, {"dp": gpus})
 
 
 def accumulation(strategy: str, config: dict) -> int:

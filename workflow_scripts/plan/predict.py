@@ -117,7 +117,7 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
 def predict_run(spec: dict, summary: dict, method: str = "analytic", settings: dict | None = None) -> mm.Prediction:
     """From a run's run_spec.json and summary.json (ok runs: the summary has the model's size), and its
     strategy_settings.json where there is one (the engine it recorded: whether DDP wrapped the model)."""
-    from workflow_scripts.training.harness import compiles
+    from workflow_scripts.training.levers import compiles
 
     t = spec["train"]
     return predict(model=spec["model"], strategy=spec["strategy"], precision=spec["precision"],

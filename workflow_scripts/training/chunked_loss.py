@@ -21,7 +21,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from workflow_scripts.training.strategies.base import input_ids, targets
+from workflow_scripts.training.strategies.engine import input_ids, targets
 
 IGNORE = -100
 

@@ -14,7 +14,7 @@ import torch
 
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.precision import Precision, policy
-from workflow_scripts.training.strategies import get as get_strategy
+from workflow_scripts.training.strategies import micro_and_accum
 
 STRATEGY_KEYS = ("accum_steps", "keep_effective_batch")  # options the context consumes, not the engine
 
@@ -38,7 +38,7 @@ class RunContext:
     seed: int
     work_dir: str  # per-run scratch (offload files, ...)
     options: dict = field(default_factory=dict)  # this strategy's section of `strategy_options`
-    loss_fn: Callable | None = None  # (logits, tokens) -> loss; None: lm_loss (see training.harness)
+    loss_fn: Callable | None = None  # (logits, tokens) -> loss; None: lm_loss (see training.levers)
     # (module, tokens, ctx) -> loss: set by a parallel dimension that changes what a rank's forward sees (cp)
     chunked_head: torch.nn.Module | None = None  # the LM head under train.chunked_loss (training/chunked_loss.py)
     forward_loss: Callable | None = None
@@ -111,19 +111,6 @@ def init_distributed(spec: dict) -> RunContext:
     if ctx.world_size != world:
         raise ValueError(f"layout {ctx.layout.key} needs {ctx.world_size} ranks, torchrun started {world}")
     return ctx
-
-
-def micro_and_accum(spec: dict) -> tuple[int, int]:
-    """The micro-batch of one forward and the accumulation steps: the train settings, or a strategy's own
-    accumulation (grad_accum) at the same effective batch."""
-    t, strategy = spec["train"], get_strategy(spec["strategy"])
-    micro, accum = t["micro_batch_size"], t["grad_accum"]
-    if strategy.accum_steps is not None:  # e.g. grad_accum: its own accumulation, same effective batch
-        own = strategy.accum_steps(spec["options"])
-        if spec["options"].get("keep_effective_batch", True):
-            micro = micro * accum // own
-        accum = own
-    return micro, accum
 
 
 def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int | None = None,

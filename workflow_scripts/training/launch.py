@@ -111,7 +111,7 @@ def identity(spec: dict, ctx) -> dict:
 
 def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
     from workflow_scripts.training.context import from_spec
-    from workflow_scripts.training.harness import apply_trial
+    from workflow_scripts.training.levers import apply_trial
 
     spec = {**spec, "train": apply_trial(spec["train"])}  # measured `auto` levers: the trial's choice
     out_dir, work_dir = Path(spec["out_dir"]), Path(spec["work_dir"])
@@ -208,7 +208,7 @@ def predicted_oom(spec: dict, ctx) -> str | None:
     if not guard:
         return None
     from workflow_scripts.plan.predict import predict
-    from workflow_scripts.training.harness import compiles
+    from workflow_scripts.training.levers import compiles
     from workflow_scripts.training.models import MODELS, embedding_rows
 
     data, t = json.loads(Path(spec["data"]["manifest"]).read_text()), spec["train"]

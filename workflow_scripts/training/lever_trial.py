@@ -1,12 +1,12 @@
 """The lever trial (rule lever_trial; config `auto_levers.by: measurement`): what `auto` means for one
 configuration (model x strategy x layout, all its repeats), decided by timing it on the study's own machine.
 
-Each candidate lever set (training/harness.py CANDIDATES: eager, the compiled loss, compiled blocks, the whole
+Each candidate lever set (training/levers.py CANDIDATES: eager, the compiled loss, compiled blocks, the whole
 model compiled, the same replayed as CUDA graphs) trains the configuration for `train.timing_warmup_steps` +
 `auto_levers.steps` steps through the pipeline's own launcher, one after another in one job (a timed job: nothing
 else runs beside it). The fastest candidate that finished is chosen: the file says which, what every candidate
 measured (tokens/s, MFU, peak memory, the first steps' losses) and why the others were left out; the training
-runs read it at launch (harness.apply_trial) and record the choice in `compile_auto`. Compilation happens inside
+runs read it at launch (levers.apply_trial) and record the choice in `compile_auto`. Compilation happens inside
 the warm-up steps, so it counts for nothing; each candidate's wall time is recorded beside its speed.
 
 Where no candidate finishes, the choice is eager (the settings every strategy runs), said so in `why`. A candidate
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from workflow_scripts import columns as C
-from workflow_scripts.training import graceful_stop, harness
+from workflow_scripts.training import graceful_stop, levers
 from workflow_scripts.units import GIB
 
 
@@ -97,7 +97,7 @@ def choose(rows: list[dict], skipped: dict) -> dict:
     else:
         best = {"candidate": "eager"}
         why = "measured: no candidate finished, eager"
-    return {"chosen": best["candidate"], "chosen_train": harness.CANDIDATES[best["candidate"]],
+    return {"chosen": best["candidate"], "chosen_train": levers.CANDIDATES[best["candidate"]],
             "why": why + (f"; {left}" if left else "")}
 
 
@@ -105,7 +105,7 @@ def trial(specs: dict[str, dict], skipped: dict[str, str]) -> dict:
     """Every candidate's run (specs: name -> run spec), one after another; the verdict and the rows."""
     rows = []
     for name, spec in specs.items():
-        print(f"candidate {name}: {json.dumps(harness.CANDIDATES[name], sort_keys=True)}", flush=True)
+        print(f"candidate {name}: {json.dumps(levers.CANDIDATES[name], sort_keys=True)}", flush=True)
         started = time.time()
         s = run_launcher(spec)
         rows.append({"candidate": name, **measured(s), "wall_s": round(time.time() - started, 1),

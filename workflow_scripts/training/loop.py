@@ -4,7 +4,7 @@
 
 The run spec (written by the launcher from config) names the model, strategy, layout, data and training settings.
 The loop only times, logs, checkpoints and evaluates: the engine owns each optimizer step (its micro-batches,
-forward, backward and update; training.strategies.base.Engine.train_step). Rank 0
+forward, backward and update; training.strategies.engine.Engine.train_step). Rank 0
 writes `metrics.csv` (one row per optimizer step), `train_summary.json` and `strategy_settings.json` into the run's
 output directory. Log lines look like `step 10: loss 3.2100, lr 3.0e-04, step 105.2ms, 12345 tok/s`.
 
@@ -36,7 +36,7 @@ from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.memory_peak import MemoryPeak
 from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
-from workflow_scripts.training import chunked_loss, determinism, harness, vision, workflow_watch
+from workflow_scripts.training import chunked_loss, determinism, levers, vision, workflow_watch
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import RunContext, init_distributed
@@ -44,7 +44,8 @@ from workflow_scripts.training.graceful_stop import RankStop, signal_workflow
 from workflow_scripts.training.models import MODELS, count_params, count_trainable, model_flops_per_token
 from workflow_scripts.training.parallel import build_engine
 from workflow_scripts.training.strategies import get as get_strategy
-from workflow_scripts.training.strategies.base import Engine, Strategy
+from workflow_scripts.training.strategies.base import Strategy
+from workflow_scripts.training.strategies.engine import Engine
 
 
 def lr_at(step: int, t: dict, total_steps: int) -> float:
@@ -92,7 +93,7 @@ class Run:
 
 
 def setup(spec: dict) -> Run:
-    """Join the process group, build the model (seeded), apply the harness levers, write the exact strategy
+    """Join the process group, build the model (seeded), apply the compile levers, write the exact strategy
     settings (rank 0) and wrap the model in the strategy's engine."""
     t = spec["train"]
     deterministic = determinism.apply(t)  # before any CUDA work: cuBLAS reads its workspace setting once
@@ -114,15 +115,15 @@ def setup(spec: dict) -> Run:
         ctx.forward_loss = vision.forward_loss
     if t["gradient_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    levers = {**harness.apply(model, t, strategy), **deterministic}
+    applied = {**levers.apply(model, t, strategy), **deterministic}
     if t.get("chunked_loss"):  # the head returns the loss (training/chunked_loss.py)
-        levers.update(chunked_loss.install(model, t["chunked_loss"]))
+        applied.update(chunked_loss.install(model, t["chunked_loss"]))
         ctx.chunked_head, ctx.forward_loss = model.get_output_embeddings(), chunked_loss.forward_loss
-    ctx.loss_fn = harness.loss_function(t)
+    ctx.loss_fn = levers.loss_function(t)
     engine = build_engine(strategy, model, ctx, MODELS[spec["model"]].family)
-    levers.update(harness.apply_to_engine(engine, t, strategy))
+    applied.update(levers.apply_to_engine(engine, t, strategy))
     if ctx.rank == 0:
-        settings = {**strategy.settings(ctx), "layout": ctx.layout.degrees(), "harness": levers}
+        settings = {**strategy.settings(ctx), "layout": ctx.layout.degrees(), "harness": applied}
         (out_dir / C.SETTINGS).write_text(json.dumps(settings, indent=2, default=str))
 
     batches = Batches(blocks, ctx, t["seed"], pin=ctx.device.type == "cuda")
@@ -134,7 +135,7 @@ def setup(spec: dict) -> Run:
         total_steps = min(total_steps, t["max_steps"])
     return Run(spec=spec, ctx=ctx, strategy=strategy, engine=engine, batches=batches, val=val, seq_len=seq_len,
                vocab=vocab, tokenizer_vocab=data["vocab_size"], n_params=n_params, total_steps=total_steps,
-               levers=levers, out_dir=out_dir, ckpt_dir=ckpt_dir, trainable=trainable)
+               levers=applied, out_dir=out_dir, ckpt_dir=ckpt_dir, trainable=trainable)
 
 
 # ---------------------------------------------------------------- step rows

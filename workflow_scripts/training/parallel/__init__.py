@@ -34,6 +34,8 @@ class Dimension:
 def _discover() -> dict[str, Dimension]:
     found = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):  # an engine module (torch), not a dimension
+            continue
         dim = getattr(importlib.import_module(f"{__name__}.{info.name}"), "DIMENSION", None)
         if dim is not None:
             found[dim.key] = dim
@@ -47,7 +49,7 @@ def build_engine(strategy, model, ctx, family: str):
     """The run's engine, in a fixed order: dimensions that transform the model in place (`apply`: tensor, ...)
     first, then the one that builds an engine around the strategy (`build`: pipeline stages), else the
     data-parallel dimension: the strategy's own engine, or its model-parallel form (parallel/data.py)."""
-    from workflow_scripts.training.parallel.data import data_parallel_engine
+    from workflow_scripts.training.parallel._data_engine import data_parallel_engine
 
     active = [dim for key, dim in DIMENSIONS.items() if key != "dp" and getattr(ctx.layout, key) > 1]
     for dim in active:

@@ -18,10 +18,13 @@ the 1D run has none either), tensor parallelism of MoE blocks, capacity limits (
 """
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import Dimension
+
+if TYPE_CHECKING:  # annotations only: the module is read by every Snakefile parse
+    from torch import nn
 
 FAMILIES = ("qwen2_moe",)
 

@@ -19,38 +19,16 @@ torch.compile'd loss (train.compile_loss) is not used under cp.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING
 
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import Dimension
-from workflow_scripts.training.strategies.base import input_ids, targets
+
+if TYPE_CHECKING:  # annotations only: the module is read by every Snakefile parse
+    from torch import nn
 
 ATTENTION = "ulysses"  # the attention implementation name registered with transformers
 FAMILIES = ("qwen2", "qwen2_moe")  # attention through transformers' AttentionInterface with position ids
-
-
-def _attention(cp: int, group):
-    from deepspeed.sequence.layer import DistributedAttention
-
-    def local(q, k, v, scaling=None):  # [B, T, H/cp, D]: the whole sequence, this rank's heads
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=True, scale=scaling, enable_gqa=k.size(2) != q.size(2))
-        return o.transpose(1, 2)
-
-    distributed = DistributedAttention(local, group, scatter_idx=2, gather_idx=1)
-
-    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        # transformers hands [B, H, T/cp, D] and takes [B, T/cp, H, D]; causal masking is SDPA's is_causal
-        if key.size(1) % cp:
-            groups = query.size(1) // key.size(1)
-            key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-        out = distributed(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), 0, None,
-                          scaling=scaling)
-        return out.contiguous(), None
-
-    return attention
 
 
 def apply(model: nn.Module, ctx, family: str) -> None:
@@ -58,8 +36,10 @@ def apply(model: nn.Module, ctx, family: str) -> None:
     import deepspeed.comm
     from transformers import AttentionInterface
 
+    from workflow_scripts.training.parallel._ulysses import attention, forward_loss
+
     deepspeed.comm.init_distributed(dist_backend=ctx.backend, auto_mpi_discovery=False)  # joins torch's group
-    AttentionInterface.register(ATTENTION, _attention(ctx.layout.cp, ctx.mesh["cp"].get_group()))
+    AttentionInterface.register(ATTENTION, attention(ctx.layout.cp, ctx.mesh["cp"].get_group()))
     model.config._attn_implementation = ATTENTION
     for module in model.modules():
         if hasattr(module, "config") and module.config is not model.config:
@@ -67,21 +47,6 @@ def apply(model: nn.Module, ctx, family: str) -> None:
     ctx.forward_loss = forward_loss
     ctx.parallel["cp"] = {"implementation": "deepspeed.sequence.layer.DistributedAttention (Ulysses)",
                           "heads_per_rank": model.config.num_attention_heads // (ctx.layout.tp * ctx.layout.cp)}
-
-
-def forward_loss(module: nn.Module, tokens: torch.Tensor, ctx) -> torch.Tensor:
-    """This rank's share of the micro-batch's mean next-token loss (see the module docstring)."""
-    batch, length = tokens.shape
-    cp, r = ctx.layout.cp, ctx.layout.coords(ctx.rank)["cp"]
-    n = length // cp
-    shifted = torch.cat([targets(tokens)[:, 1:], tokens.new_full((batch, 1), -100)], dim=1)
-    labels = shifted[:, r * n:(r + 1) * n]
-    positions = torch.arange(r * n, (r + 1) * n, device=tokens.device).expand(batch, n)
-    with ctx.precision.autocast(ctx.device.type):
-        logits = module(input_ids=input_ids(tokens[:, r * n:(r + 1) * n]), position_ids=positions).logits
-    summed = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1).long(),
-                             ignore_index=-100, reduction="sum")
-    return summed * cp / (shifted != -100).sum().clamp_min(1)
 
 
 def problems(layout, strategy, train: dict, where: str) -> list[str]:

@@ -13,10 +13,13 @@ over DTensor gradients takes the norm over the whole model.
 """
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from workflow_scripts.training.models import MODELS, transformer_blocks
 from workflow_scripts.training.parallel import Dimension
+
+if TYPE_CHECKING:  # annotations only: the module is read by every Snakefile parse
+    from torch import nn
 
 FAMILIES = ("qwen2",)
 

@@ -1,52 +1,20 @@
-"""What every strategy shares: the optimizer, the loss, the engine interface and the Strategy record.
+"""The Strategy record and the settings every strategy records; read without torch (the registry is read by every
+Snakefile parse and config check).
 
 A strategy is one small module that builds a `Strategy`: its exact settings (the DeepSpeed JSON, the DDP or FSDP
-keyword arguments), a check for platforms that cannot run it, and an engine around the model. The training loop
-(`workflow_scripts.training.loop`) asks the engine for one optimizer step at a time; the engine owns the
-micro-batches of that step (a pipeline schedule can own them instead):
-
-    loss, marks = engine.train_step(micro_batches, lr, clock)
-
-The default `Engine.train_step` runs, per micro-batch, `micro_step(last)` / `forward_loss` / `backward`, then
-`optimizer_step(lr)`; engines override those four (or `train_step` as a whole).
+keyword arguments), a check for platforms that cannot run it, and an engine around the model (engine.py: the
+interface; the engine modules `_ddp_engine`, `_deepspeed_engine`, `_fsdp_engine` import torch and their library
+only when a rank builds one, through `training.lazy.part`).
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable
 
-import torch
-import torch.nn.functional as F
-
-from workflow_scripts.measure.profile import phase
-from workflow_scripts.training.models import transformer_blocks
+from workflow_scripts.training import lazy
 
 if TYPE_CHECKING:
     from workflow_scripts.training.context import RunContext
-
-
-def input_ids(tokens: torch.Tensor) -> torch.Tensor:
-    """The ids the model reads: a context-only token (stored as -(id + 1), data.tokenize) is id."""
-    return torch.where(tokens < 0, -tokens - 1, tokens)
-
-
-def targets(tokens: torch.Tensor) -> torch.Tensor:
-    """The ids a loss predicts, -100 (cross_entropy's ignore_index) where the token is context only."""
-    return torch.where(tokens < 0, -100, tokens)
-
-
-def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy in fp32 over positions 0..T-2 predicting 1..T-1, the mean over trained targets."""
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)),
-                           targets(tokens)[:, 1:].reshape(-1).long())
-
-
-def adamw(params, ctx: RunContext) -> torch.optim.Optimizer:
-    """The one optimizer of every non-offload strategy: torch AdamW, fused kernels on GPU, foreach on CPU."""
-    kind = {"fused": True} if ctx.device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(params, lr=ctx.lr, betas=tuple(ctx.betas), eps=ctx.eps,
-                             weight_decay=ctx.weight_decay, **kind)
 
 
 def adamw_settings(ctx: RunContext) -> dict:
@@ -59,105 +27,6 @@ def batch_settings(ctx: RunContext) -> dict:
     """The batch and precision keys every engine records in its settings."""
     return {"micro_batch": ctx.micro_batch, "grad_accum": ctx.accum, "effective_batch": ctx.effective_batch,
             "precision": ctx.precision.name, "precision_detail": ctx.precision.detail}
-
-
-class Engine:
-    """Interface the training loop drives. `settings` is what gets saved next to the run's results."""
-
-    module: torch.nn.Module
-    settings: dict
-    cuda_graphs: bool = False  # the model replays CUDA graphs (compile_model with compile_mode reduce-overhead)
-
-    def __init__(self, ctx: RunContext):
-        self.ctx = ctx
-
-    def train_step(self, micro_batches: Iterable[torch.Tensor], lr: float, clock) -> tuple[torch.Tensor, dict]:
-        """One optimizer step over this rank's micro-batches. Returns the mean loss (a device tensor, not read)
-        and the clock's marks: start, per micro-batch (before forward, after forward, after backward), before the
-        optimizer, end. The marks are read later (training.loop.StepLog), never inside the step."""
-        marks = {"start": clock.mark(), "micro": []}
-        loss_sum = torch.zeros((), device=self.ctx.device)
-        for m, tokens in enumerate(micro_batches):
-            with self.micro_step(last=m == self.ctx.accum - 1):
-                a = clock.mark()
-                with phase(self, "forward"):
-                    loss = self.forward_loss(tokens)
-                b = clock.mark()
-                with phase(self, "backward"):
-                    self.backward(loss)
-                marks["micro"].append((a, b, clock.mark()))
-            loss_sum += loss.detach().float()
-        marks["opt"] = clock.mark()
-        with phase(self, "optimizer"):
-            self.optimizer_step(lr)
-        marks["end"] = clock.mark()
-        return loss_sum / self.ctx.accum, marks
-
-    @property
-    def eval_chunk(self) -> int:
-        """Validation samples per forward_loss call (a pipeline evaluates whole schedules)."""
-        return self.ctx.micro_batch
-
-    def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.ctx.forward_loss is not None:  # a parallel dimension's view of the micro-batch (cp: a shard)
-            return self.ctx.forward_loss(self.module, tokens, self.ctx)
-        if self.cuda_graphs:  # the previous call's graph outputs may be overwritten from here on
-            torch.compiler.cudagraph_mark_step_begin()
-        with self.ctx.precision.autocast(self.ctx.device.type):
-            logits = self.module(input_ids=input_ids(tokens)).logits
-        loss = (self.ctx.loss_fn or lm_loss)(logits, tokens)
-        return loss.clone() if self.cuda_graphs and not torch.is_grad_enabled() else loss  # kept by evaluate
-
-    def micro_step(self, last: bool):
-        return contextlib.nullcontext()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        raise NotImplementedError
-
-    def optimizer_step(self, lr: float) -> None:
-        raise NotImplementedError
-
-    def eval_mode(self):
-        return _EvalMode(self.module)
-
-    def save(self, path: str) -> None:
-        raise NotImplementedError
-
-    def load(self, path: str) -> None:
-        raise NotImplementedError
-
-
-class _EvalMode:
-    def __init__(self, module):
-        self.module = module
-
-    def __enter__(self):
-        self.module.eval()
-        self._grad = torch.no_grad()
-        self._grad.__enter__()
-
-    def __exit__(self, *exc):
-        self._grad.__exit__(*exc)
-        self.module.train()
-
-
-def compile_blocks(model: torch.nn.Module, mode: str) -> dict:
-    """`torch.compile` of each transformer block in place (train.compile_blocks), before the strategy wraps the
-    model; returns what to record beyond the harness settings. Strategies whose hooks break compiled blocks bring
-    their own (DeepSpeed ZeRO-3: training.strategies._deepspeed.zero3_compile_blocks)."""
-    for block in transformer_blocks(model):
-        block.compile(mode=mode)
-    return {}
-
-
-def compile_model(engine: Engine, mode: str) -> dict:
-    """`torch.compile` of the whole model around the strategy's wrapper (train.compile_model), after the engine is
-    built: one compiled region per forward instead of one per block, so the host issues a few graphs per step; DDP's
-    compiler splits the graph at its bucket boundaries, so communication still overlaps. With compile_mode
-    reduce-overhead the compiled forward and backward replay as CUDA graphs. DeepSpeed engines compile through
-    their own `engine.compile` (training.strategies._deepspeed.deepspeed_compile_model)."""
-    engine.module = torch.compile(engine.module, mode=mode)
-    return {"compile_model": f"torch.compile({type(engine.module._orig_mod).__name__}, mode={mode})"}
 
 
 @dataclass
@@ -175,8 +44,8 @@ class Strategy:
     unsupported: Callable = lambda ctx: None  # (ctx) -> reason or None, for reasons other than a missing op
     ops: tuple = ()  # DeepSpeed op builders this strategy needs, built once before any rank starts
     accum_steps: Callable | None = None  # (options) -> accumulation steps, if the strategy sets its own
-    compile_blocks: Callable = compile_blocks  # (model, mode) -> dict, see compile_blocks above
-    compile_model: Callable = compile_model  # (engine, mode) -> dict, see compile_model above
+    compile_blocks: Callable = lazy.part(f"{__package__}.engine", "compile_blocks")  # (model, mode) -> dict
+    compile_model: Callable = lazy.part(f"{__package__}.engine", "compile_model")  # (engine, mode) -> dict
     # the keys its `strategy_options` section may hold, checked before any job starts (config_check); None: any
     option_keys: tuple | None = None
     # (options) -> one line per problem, for options a library validates (DeepSpeed: training.strategies.

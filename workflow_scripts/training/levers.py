@@ -1,4 +1,4 @@
-"""Harness levers: speed-ups applied to the model and the loss before a strategy wraps the model, the same way for
+"""Compile levers: speed-ups applied to the model and the loss before a strategy wraps the model, the same way for
 every strategy that is compatible with them (config `train.compile_blocks`, `train.compile_loss`).
 
 - compile_blocks: `torch.compile` of each transformer block in place (`nn.Module.compile`) before the strategy
@@ -26,9 +26,10 @@ compilation). What a run used is recorded in its `strategy_settings.json` under 
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from workflow_scripts.training.strategies.base import lm_loss
+if TYPE_CHECKING:  # annotations only: the module is read by every Snakefile parse
+    import torch
 
 _compiled_loss = None
 LEVERS = ("compile_blocks", "compile_loss")
@@ -134,7 +135,7 @@ def compiles(train: dict, family: str, layout: dict | None) -> bool:
 
 def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
     """Compile what the config asks for (in place, with the strategy's own block compiler: see
-    training.strategies.base.compile_blocks) and return the settings to record. Under compile_model the blocks
+    training.strategies.engine.compile_blocks) and return the settings to record. Under compile_model the blocks
     are left to the whole-model compile (apply_to_engine)."""
     whole = train.get("compile_model") is True
     blocks = train.get("compile_blocks") is True and not whole  # resolved by the run spec; "auto" compiles nothing
@@ -149,7 +150,7 @@ def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
 
 def apply_to_engine(engine, train: dict, strategy) -> dict:
     """train.compile_model: the whole model compiled around the strategy's wrapper, once the engine exists (the
-    strategy's own compile_model: training.strategies.base.compile_model)."""
+    strategy's own compile_model: training.strategies.engine.compile_model)."""
     if train.get("compile_model") is not True:
         return {}
     mode = train.get("compile_mode", "default")
@@ -160,10 +161,15 @@ def apply_to_engine(engine, train: dict, strategy) -> dict:
 
 
 def loss_function(train: dict):
-    """The loss the engines call: lm_loss, or its compiled form."""
+    """The loss the engines call: lm_loss, or its compiled form (torch is imported here, on a rank: the rest of this
+    module is read by every Snakefile parse)."""
     global _compiled_loss
+    from workflow_scripts.training.strategies.engine import lm_loss
+
     if train.get("compile_loss") is not True:
         return lm_loss
     if _compiled_loss is None:
+        import torch
+
         _compiled_loss = torch.compile(lm_loss, mode=train.get("compile_mode", "default"))
     return _compiled_loss
