@@ -14,6 +14,9 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - per GPU: matmul_bf16   8192^3 bf16 matmul, TFLOP/s; h2d / d2h pinned copies of 1 GiB, GB/s; launch_us: the
                          host's time per eager kernel launch (a one-element add), microseconds (host-bound GPU runs
                          follow it: plan/bound.py);
+- per GPU: hbm_copy      device-to-device copy of 1 GiB, GB/s read + written (memory-bound work: plan/step_time.py);
+- curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and causal SDPA
+                         forward + backward TFLOP/s over sequence x head dimension: the step-time model's rates;
 - per world size n > 1 on one node: all_reduce and all_gather bus bandwidth (nccl-tests convention: all-reduce
                          algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB, torchrun with n processes.
 On CPU the GPU and collective rows are present with value None and detail "not applicable (cpu)" (CPU studies
@@ -33,6 +36,10 @@ from pathlib import Path
 from workflow_scripts.units import GB, GIB, MB
 
 LAUNCHES = 20_000
+GEMM_M = (2048, 8192, 32768)  # tokens of a micro-batch on one device
+GEMM_KN = (768, 2048, 4096, 8192, 65536)  # hidden, MLP and vocabulary widths
+SDPA_SEQ = (512, 1024, 2048, 4096)
+SDPA_HEAD_DIM = (64, 128)
 
 
 def timed(fn, rounds: int, best: bool = False) -> float:
@@ -120,9 +127,72 @@ def one_gpu(i: int, rounds: int) -> list[dict]:
     launch_us = 1e6 * timed(sync(launches), rounds, best=True) / LAUNCHES
     h2d = GIB / timed(sync(lambda: device.copy_(host, non_blocking=True)), rounds) / GB
     d2h = GIB / timed(sync(lambda: host.copy_(device, non_blocking=True)), rounds) / GB
+    other = torch.empty_like(device)
+    hbm = 2 * GIB / timed(sync(lambda: other.copy_(device)), rounds) / GB  # read + write
     return [row(f"matmul_bf16[{i}]", flops, "TFLOP/s", torch.cuda.get_device_name(dev)),
             row(f"h2d[{i}]", h2d, "GB/s", "pinned, 1 GiB"), row(f"d2h[{i}]", d2h, "GB/s", "pinned, 1 GiB"),
+            row(f"hbm_copy[{i}]", hbm, "GB/s", "device-to-device copy of 1 GiB, bytes read + written"),
             row(f"launch_us[{i}]", launch_us, "us", f"eager launch of a one-element add, {LAUNCHES} in a row, fastest round")]
+
+
+def matmul_curve(rounds: int) -> list[dict]:
+    """bf16 matmul TFLOP/s of an (m x k) @ (k x n) product on GPU 0, over the shapes a transformer's GEMMs take
+    (m tokens, k and n hidden, MLP and vocabulary widths), replayed from a CUDA graph (the device's rate; the host's
+    launches are the step-time model's host term): its rate for each GEMM by shape (plan/step_time.py interpolates)."""
+    import torch
+
+    out = []
+    for m in GEMM_M:
+        for k in GEMM_KN:
+            for n in GEMM_KN:
+                a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+                reps = max(1, min(50, int(2e12 / (2 * m * k * n))))  # about 2 TFLOP a timing
+                a @ b  # cuBLAS picks its kernel (and workspace) before the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):  # replayed: the kernels' time, not the host's launches
+                    for _ in range(reps):
+                        a @ b
+
+                def run():
+                    graph.replay()
+                    torch.cuda.synchronize()
+
+                out.append({"m": m, "k": k, "n": n, "tflops": reps * 2 * m * k * n / timed(run, rounds) / 1e12})
+                del a, b, graph
+    return out
+
+
+def sdpa_curve(rounds: int) -> list[dict]:
+    """Causal scaled-dot-product attention (the flash kernel), forward + backward, TFLOP/s on GPU 0 by sequence
+    length and head dimension, at 16 k tokens x 16 heads a call; FLOPs: 4 s^2 h e / 2 forward (causal), 2.5x that
+    backward."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    for seq in SDPA_SEQ:
+        for head_dim in SDPA_HEAD_DIM:
+            batch, heads = max(1, 16384 // seq), 16
+            q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16,
+                                   requires_grad=True) for _ in range(3))
+
+            def run():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+                torch.cuda.synchronize()
+
+            flops = 3.5 * 4 * batch * heads * seq * seq * head_dim / 2
+            out.append({"seq": seq, "head_dim": head_dim, "tflops": flops / timed(run, rounds) / 1e12})
+    return out
+
+
+def gpu_curves(rounds: int) -> dict:
+    """The curves of GPU 0 (one kind per node); none on CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {"matmul_bf16": matmul_curve(rounds), "sdpa_bf16": sdpa_curve(rounds)}
 
 
 def gpu_rows(rounds: int) -> list[dict]:
@@ -184,13 +254,14 @@ def collectives(platform: str, rounds: int) -> None:
 
 def calibrate(platform: str, world_sizes: list[int], work_dir: Path, rounds: int) -> dict:
     rows = host_rows(work_dir, rounds) + gpu_rows(rounds)
+    curves = gpu_curves(rounds)
     for world in sorted({w for w in world_sizes if w > 1}):
         rows += (collective_rows(world, platform, rounds) if platform != "cpu" else
                  [row(f"all_reduce_busbw[{world}]", None, "GB/s", "not applicable (cpu)"),
                   row(f"all_gather_busbw[{world}]", None, "GB/s", "not applicable (cpu)")])
     from workflow_scripts.measure import machine
 
-    return {"platform": platform, "rounds": rounds, "rows": rows, "machine": machine.facts(),
+    return {"platform": platform, "rounds": rounds, "rows": rows, "curves": curves, "machine": machine.facts(),
             "measured_unix": time.time()}
 
 
@@ -199,6 +270,10 @@ def markdown(cal: dict) -> str:
     for r in cal["rows"]:
         value = "n/a" if r["value"] is None else f"{r['value']:.4g}"
         lines.append(f"| {r['name']} | {value} | {r['unit']} | {r['detail']} |")
+    for name, points in (cal.get("curves") or {}).items():
+        rates = sorted(p["tflops"] for p in points)
+        lines.append(f"| {name} curve | {rates[0]:.4g} .. {rates[len(rates) // 2]:.4g} .. {rates[-1]:.4g} | TFLOP/s "
+                     f"| min .. median .. max over {len(points)} shapes (calibration.json `curves`) |")
     gpu = (cal["machine"].get("gpu") or {})
     return (f"Calibration ({cal['platform']}, median of {cal['rounds']}); CPU: {cal['machine'].get('cpu_model')}; "
             f"driver: {gpu.get('driver')}; NCCL: {cal['machine'].get('nccl')}\n\n" + "\n".join(lines) + "\n")
