@@ -4,6 +4,7 @@ rule parse:
         summaries=expand("{run}/summary.json", run=run_dirs()),
         metrics=expand("{run}/metrics.csv", run=run_dirs()),
         vram=expand("{run}/vram.csv", run=run_dirs()),
+        calibration=f"{R}/calibration/calibration.json",
     output:
         runs=report(
             f"{R}/tables/runs.csv",
@@ -29,4 +30,5 @@ rule parse:
     params:
         runs=run_dirs(),
     shell:
-        "python3 -m workflow_scripts.report.parse --runs {params.runs} --out-dir $(dirname {output.runs}) > {log} 2>&1"
+        "python3 -m workflow_scripts.report.parse --runs {params.runs} --out-dir $(dirname {output.runs}) "
+        "--calibration {input.calibration} > {log} 2>&1"

@@ -58,12 +58,12 @@ RUN_COLUMNS = [
     "peak_host_rss_bytes", "initial_loss", "final_loss", "val_loss_initial", "val_loss_final", "val_ppl_final",
     "predicted_model_state_bytes", "predicted_host_state_bytes", "sampler_status", "sampler_peak_device_bytes",
     "sampler_peak_host_bytes", "predicted_peak_bytes", "predicted_device_peak_bytes", "predicted_peak_note",
-    "val_accuracy_initial", "val_accuracy_final", "trainable_params", "compile_blocks", "compile_loss",
+    "predicted_step_s", "predicted_tokens_per_s", "predicted_step_note", "val_accuracy_initial", "val_accuracy_final", "trainable_params", "compile_blocks", "compile_loss",
     "compile_model", "compile_mode", "compile_auto", "provenance", "settings",
 ]
 RUN_TEXT = {"run_id", "study", "model", "strategy", "family", "layout", "platform", "device_name", "precision",
             "precision_detail", "status", "reason", "in_figures", "sampler_status", "provenance", "settings",
-            "predicted_peak_note", "compile_mode", "compile_auto"}
+            "predicted_peak_note", "predicted_step_note", "compile_mode", "compile_auto"}
 VRAM_COLUMNS = ID_COLUMNS + SAMPLER_COLUMNS
 
 

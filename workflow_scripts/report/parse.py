@@ -1,8 +1,11 @@
 """Stage 5, parse: every run's files -> tidy tables (one row per run; one per step; the sampler timelines).
 
-    python -m workflow_scripts.report.parse --runs DIR [DIR ...] --out-dir results/<study>/tables
+    python -m workflow_scripts.report.parse --runs DIR [DIR ...] --out-dir results/<study>/tables \
+        [--calibration results/<study>/calibration/calibration.json]
 
-Writes runs/steps/vram as CSV and Parquet. Runs that ended `oom` or `unsupported` keep their row.
+Writes runs/steps/vram as CSV and Parquet. Runs that ended `oom` or `unsupported` keep their row. Every ok GPU row
+carries the memory model's predicted peak and, from the study's calibration, the step-time model's predicted step
+time and throughput (plan/step_time.py), or a note saying why there is none.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ def retimed(summary: dict, run_dir: Path) -> dict:
                                 spec["train"].get("checkpoint_every", 0))}
 
 
-def run_row(run_dir: Path, tables_dir: Path) -> dict:
+def run_row(run_dir: Path, tables_dir: Path, rates=None) -> dict:
     summary = retimed(json.loads((run_dir / C.SUMMARY).read_text()), run_dir)
     strategy = STRATEGIES.get(summary["strategy"])
     row = _flat(summary)
@@ -46,7 +49,7 @@ def run_row(run_dir: Path, tables_dir: Path) -> dict:
     row["provenance"] = os.path.relpath(run_dir / C.PROVENANCE, tables_dir)
     row["settings"] = os.path.relpath(run_dir / C.SETTINGS, tables_dir)
     row["run_dir"] = os.path.relpath(run_dir, tables_dir)
-    return row | predicted_peak(summary, run_dir)
+    return row | predicted_peak(summary, run_dir) | predicted_step(summary, run_dir, rates)
 
 
 def predicted_peak(summary: dict, run_dir: Path) -> dict:
@@ -61,6 +64,34 @@ def predicted_peak(summary: dict, run_dir: Path) -> dict:
     p = predict_run(json.loads((run_dir / C.RUN_SPEC).read_text()), summary, "analytic", settings)
     return {"predicted_peak_bytes": p.total, "predicted_device_peak_bytes": p.device,
             "predicted_peak_note": (f"{p.method}, {p.why}" if p.bound else p.method) if p.modelled else p.why}
+
+
+def step_rates(calibration: str | None):
+    """The step-time model's rates from the study's calibration, or why there are none."""
+    if not calibration or not Path(calibration).exists():
+        return "no calibration"
+    from workflow_scripts.plan.step_time import Rates
+
+    try:
+        return Rates.of(json.loads(Path(calibration).read_text()))
+    except ValueError as exc:
+        return str(exc)
+
+
+def predicted_step(summary: dict, run_dir: Path, rates) -> dict:
+    """The step-time model's prediction of an ok GPU run (plan/step_time.py): step seconds, tokens/s and what
+    bounds it, or why there is none."""
+    none = {"predicted_step_s": None, "predicted_tokens_per_s": None}
+    if summary.get("status") != C.OK or summary.get("platform") == "cpu":
+        return {**none, "predicted_step_note": "no GPU step to predict"}
+    if rates is None or isinstance(rates, str):
+        return {**none, "predicted_step_note": rates or "no calibration"}
+    from workflow_scripts.plan import step_time
+
+    settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
+    p = step_time.predict(step_time.run_of(json.loads((run_dir / C.RUN_SPEC).read_text()), summary, settings), rates)
+    return {"predicted_step_s": p.step_s, "predicted_tokens_per_s": p.tokens_per_s(summary["tokens_per_step"]),
+            "predicted_step_note": "; ".join([f"{p.bound}-bound"] + p.notes)}
 
 
 def machine_columns(m: dict) -> dict:
@@ -104,12 +135,13 @@ def with_ids(frame: pd.DataFrame, row: dict) -> pd.DataFrame:
     return frame
 
 
-def parse(run_dirs: list[str], out_dir: str) -> dict[str, pd.DataFrame]:
+def parse(run_dirs: list[str], out_dir: str, calibration: str | None = None) -> dict[str, pd.DataFrame]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows, steps, vram, prov = [], [], [], []
+    rates = step_rates(calibration)
     for d in map(Path, run_dirs):
-        row = run_row(d, out)
+        row = run_row(d, out, rates)
         rows.append(row)
         prov.append(provenance_row(d, row))
         steps.append(with_ids(pd.read_csv(d / C.METRICS), row))
@@ -127,8 +159,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", nargs="+", required=True, help="run directories (each with summary.json, ...)")
     ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--calibration", help="the study's calibration.json (the step-time model's rates)")
     a = ap.parse_args(argv)
-    tables = parse(a.runs, a.out_dir)
+    tables = parse(a.runs, a.out_dir, a.calibration)
     print(tables["runs"][["run_id", "status", "final_loss", "tokens_per_s"]
                          if "final_loss" in tables["runs"] else ["run_id", "status"]].to_string())
 

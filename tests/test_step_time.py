@@ -1,0 +1,102 @@
+"""The step-time model (plan/step_time.py): each term against a hand-computed case, on flat rates (every GEMM at
+100 TFLOP/s, attention at 50, 1,000 GB/s device copies, 10 us launches, 100 GB/s bus bandwidth)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from workflow_scripts.plan import memory_model as mm
+from workflow_scripts.plan import step_time as st
+
+GRID = (1, 10**6)
+
+
+def flat_rates(**kw) -> st.Rates:
+    matmul = tuple((m, k, n, 100.0) for m in GRID for k in GRID for n in GRID)
+    sdpa = tuple((s, e, 50.0) for s in GRID for e in GRID)
+    return st.Rates(matmul=matmul, sdpa=sdpa, hbm=1000.0, launch_us=10.0,
+                    busbw={("all_reduce", 2): ((1.0, 100.0), (1e12, 100.0)),
+                           ("all_gather", 2): ((1.0, 100.0), (1e12, 100.0))}, **kw)
+
+
+def gpt2_run(**kw) -> st.Run:
+    # one layer, d 64, f 256, vocabulary 1000; 1 sample of 32 tokens
+    shape = mm.Shape("gpt2", n_params=100_000, n_layer=1, d=64, ffn=256, kv=64, head_dim=16, vocab=1000)
+    base = dict(shape=shape, family="ddp", zero_stage=0, strategy="ddp", micro_batch=1, accum=1, tokens=32,
+                layout={"dp": 1}, levers="eager", compile_loss=False, checkpointing=False, trainable=100_000,
+                tensors=16)
+    return st.Run(**{**base, **kw})
+
+
+def test_interpolation_is_exact_on_the_grid_and_log_linear_between():
+    points = ((1, 10.0), (100, 1000.0))
+    assert st.interpolate(points, (1,)) == pytest.approx(10.0)
+    assert st.interpolate(points, (10,)) == pytest.approx(100.0)  # halfway in log: the geometric mean
+    assert st.interpolate(points, (10**4,)) == pytest.approx(1000.0)  # clamped at the edge
+    grid = tuple((m, k, float(m * k)) for m in (1, 100) for k in (1, 100))
+    assert st.interpolate(grid, (10, 10)) == pytest.approx(100.0)
+
+
+def test_gemm_term_counts_forward_and_both_gradients_of_every_matmul():
+    run = gpt2_run()
+    per_token = 2 * (64 * 192 + 64 * 64 + 64 * 256 + 256 * 64 + 64 * 1000)  # qkv, proj, fc, proj, head
+    assert st.gemm_seconds(run, flat_rates(), 32) == pytest.approx(3 * 32 * per_token / 100e12)
+    frozen = gpt2_run(trainable=1000)  # LoRA-like: no weight gradients
+    assert st.gemm_seconds(frozen, flat_rates(), 32) == pytest.approx(2 * 32 * per_token / 100e12)
+    again = gpt2_run(checkpointing=True)  # the blocks' forward recomputed, not the head's
+    blocks = 2 * (64 * 192 + 64 * 64 + 64 * 256 + 256 * 64)
+    assert st.gemm_seconds(again, flat_rates(), 32) == pytest.approx((3 * per_token + blocks) * 32 / 100e12)
+
+
+def test_attention_term_is_causal_sdpa_forward_and_backward():
+    # 4 heads of 16, sequence 32: 4 s^2 h e / 2 forward, 3.5x that forward + backward
+    flops = 3.5 * 4 * 1 * 4 * 32 * 32 * 16 / 2
+    assert st.attention_seconds(gpt2_run(), flat_rates(), 1) == pytest.approx(flops / 50e12)
+
+
+def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth():
+    run = gpt2_run()
+    moved = 32 * (st.MEMORY_BYTES["eager"] * (64 + 256) + st.LOSS_BYTES["eager"] * 1000)
+    assert st.memory_seconds(run, flat_rates(), 32) == pytest.approx(moved / 1000e9)
+    assert st.optimizer_seconds(run, flat_rates()) == (pytest.approx(100_000 * 28 / 1000e9), 0.0)
+    zero1 = gpt2_run(family="deepspeed", zero_stage=1, layout={"dp": 2})  # states sharded over two ranks
+    assert st.optimizer_seconds(zero1, flat_rates())[0] == pytest.approx(50_000 * 28 / 1000e9)
+
+
+def test_host_term_is_launches_at_the_calibrated_cost():
+    run = gpt2_run(accum=2)
+    ops = 2 * (st.HOST_OPS["eager"] * 1 + st.FIXED_OPS) + 10  # two micro-batches, torch's fused AdamW
+    assert st.host_seconds(run, flat_rates()) == pytest.approx(ops * 10e-6)
+    zero2 = gpt2_run(family="deepspeed", zero_stage=2)  # DeepSpeed's optimizer: launches per parameter tensor
+    ops = st.HOST_OPS["eager"] + st.FIXED_OPS + st.DS_OPS_PER_TENSOR * 16
+    assert st.host_seconds(zero2, flat_rates()) == pytest.approx(ops * 10e-6)
+
+
+def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():
+    run = gpt2_run(layout={"dp": 2}, bucket=100_000.0)
+    grads = 100_000 * 4
+    ring = grads * 2 * (2 - 1) / 2 / 100e9
+    exposed, _ = st.comm_seconds(run, flat_rates(), backward_s=1.0)
+    assert exposed == pytest.approx(ring * 100_000 / grads)  # a long backward hides all but the last bucket
+    exposed, _ = st.comm_seconds(run, flat_rates(), backward_s=0.0)
+    assert exposed == pytest.approx(ring)
+    assert st.comm_seconds(gpt2_run(), flat_rates(), 0.0)[0] == 0.0  # one rank: nothing to reduce
+
+
+def test_the_step_is_the_slower_of_device_and_host_plus_exposed_communication():
+    run = gpt2_run(layout={"dp": 2})
+    p = st.predict(run, flat_rates())
+    device = p.parts["gemm"] + p.parts["attention"] + p.parts["memory"] + p.parts["optimizer"]
+    assert p.step_s == pytest.approx(max(device, p.parts["host"]) + p.parts["comm"])
+    assert p.bound == "host"  # a 64-wide model: launches, not arithmetic, set the pace
+    assert p.tokens_per_s(64) == pytest.approx(64 / p.step_s)
+    pipeline = st.predict(gpt2_run(layout={"pp": 1, "dp": 1}, accum=4), flat_rates())
+    assert "bubble" not in pipeline.parts
+
+
+def test_a_calibration_without_the_curves_is_refused_by_name():
+    old = {"rows": [{"name": "matmul_bf16[0]", "value": 700.0}, {"name": "launch_us[0]", "value": 10.0}]}
+    with pytest.raises(ValueError, match="matmul_bf16, sdpa_bf16"):
+        st.Rates.of(old)
+    assert math.isinf(st.comm_seconds(gpt2_run(layout={"dp": 4}), st.Rates((), (), 1.0, 1.0), 0.0)[0]) is False

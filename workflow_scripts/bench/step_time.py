@@ -1,0 +1,204 @@
+"""The step-time model (plan/step_time.py) against the committed GPU sets: its constants fitted on the one-GPU sets
+only, its error on the others (held out), every row listed.
+
+    python -m workflow_scripts.bench.step_time            # the held-out test with the committed constants
+    python -m workflow_scripts.bench.step_time --fit      # refit the constants on the one-GPU sets, then the test
+
+Each row's rates come from the closest measurement: the GEMM and attention curves and the device copy bandwidth of
+its GPU kind (results/calibration/<kind>/, measured once per kind), the launch cost and bus bandwidths of the set's
+own calibration where it has one (its machine), else of the kind's. Compared: the predicted step time against the
+row's median step time (`step_time_median_s`). Prints a markdown table; --out writes it and the rows as CSV.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from workflow_scripts import columns as C
+from workflow_scripts.plan import step_time as st
+
+KINDS = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200"}  # device name -> results/calibration/<kind>
+# what each constant may be (its physics): an eager block moves at least its activations once, the loss at least
+# its bf16 logits and their fp32 copy, a micro-batch issues at least its data copy, loss and timing marks
+BOUNDS = {"MEMORY_BYTES": (8, 1000), "LOSS_BYTES": (4, 64), "HOST_OPS": (1, 1000), "FIXED_OPS": (10, 500),
+          "DS_OPS_PER_TENSOR": (1, 100), "HOOK_OPS": (1, 2000), "OVERLAP": (1, 16)}
+CONSTANTS = ("MEMORY_BYTES", "LOSS_BYTES", "HOST_OPS", "FIXED_OPS", "DS_OPS_PER_TENSOR", "HOOK_OPS", "OVERLAP")
+
+
+def committed_rows(results: Path) -> pd.DataFrame:
+    """The ok GPU rows of every committed study set (tables/runs.csv) and benchmark run (bench/**/summary.json)."""
+    frames = []
+    for path in sorted(results.glob("**/tables/runs.csv")):
+        frame = pd.read_csv(path)
+        frame["set"] = str(path.parent.parent.relative_to(results))
+        frame["tables"] = str(path.parent)
+        frames.append(frame)
+    bench = []
+    for path in sorted(results.glob("**/bench/**/summary.json")):
+        summary = json.loads(path.read_text())
+        top = str(path.relative_to(results)).split("/bench/")[0]
+        bench.append({**{k: v for k, v in summary.items() if not isinstance(v, (list, dict))}, "set": top,
+                      "tables": str(path.parent), "run_dir": "."})
+    rows = pd.concat(frames + [pd.DataFrame(bench)], ignore_index=True)
+    return rows[(rows["status"] == C.OK) & (rows["platform"] != "cpu") & rows["device_name"].isin(KINDS)]
+
+
+def merged_calibration(kind: dict, own: dict | None) -> dict:
+    """The kind's calibration with the set's own rows for what depends on the machine (launch cost, collectives)."""
+    if not own:
+        return kind
+    mine = {r["name"]: r for r in own["rows"] if r["value"] is not None and
+            (r["name"].startswith("launch_us[") or "_busbw[" in r["name"])}
+    rows = [mine.pop(r["name"], r) for r in kind["rows"]] + list(mine.values())
+    return {**kind, "rows": rows}
+
+
+def rates_for(row, results: Path, cache: dict) -> st.Rates:
+    own_path = results / row["set"] / "calibration/calibration.json"
+    key = (row["device_name"], str(own_path))
+    if key not in cache:
+        kind = json.loads((results / "calibration" / KINDS[row["device_name"]] / "calibration.json").read_text())
+        own = json.loads(own_path.read_text()) if own_path.exists() else None
+        same = [json.loads(p.read_text()) for p in sorted((results / "calibration").glob("*/calibration.json"))]
+        for other in same:  # collectives measured on another machine of the kind (no set of its own has them)
+            gpus = ((other.get("machine") or {}).get("gpu") or {}).get("gpus") or [{}]
+            if gpus[0].get("name") == row["device_name"]:
+                kind = merged_calibration(kind, {"rows": [r for r in other["rows"] if "_busbw[" in r["name"]]})
+        cache[key] = st.Rates.of(merged_calibration(kind, own))
+    return cache[key]
+
+
+def runs_of(rows: pd.DataFrame) -> tuple[pd.DataFrame, list, pd.DataFrame]:
+    """(the rows the model covers, their runs, the others with the reason)."""
+    out, keep, skipped = [], [], []
+    for _, row in rows.iterrows():
+        run_dir = Path(row["tables"]) / row["run_dir"]
+        spec = json.loads((run_dir / "run_spec.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+        settings_path = run_dir / "strategy_settings.json"
+        settings = json.loads(settings_path.read_text()) if settings_path.exists() else None
+        run = st.run_of(spec, summary, settings)
+        why = st.not_modelled(run)
+        keep.append(why is None)
+        if why:
+            skipped.append({"set": row["set"], "model": row["model"], "strategy": row["strategy"], "why": why})
+        else:
+            out.append(run)
+    return rows[keep], out, pd.DataFrame(skipped)
+
+
+def predictions(rows: pd.DataFrame, runs: list, results: Path) -> pd.DataFrame:
+    cache: dict = {}
+    out = []
+    for (_, row), run in zip(rows.iterrows(), runs):
+        p = st.predict(run, rates_for(row, results, cache))
+        measured = float(row["step_time_median_s"])
+        out.append({"set": row["set"], "model": row["model"], "strategy": row["strategy"],
+                    "layout": json.dumps({k: v for k, v in run.layout.items() if v > 1}) or "{}",
+                    "gpus": int(row["world_size"]), "micro_batch": int(row["micro_batch"]), "levers": run.levers,
+                    "measured_step_s": measured, "predicted_step_s": p.step_s,
+                    "error": p.step_s / measured - 1, "bound": p.bound,
+                    **{f"{k}_s": v for k, v in p.parts.items()}})
+    return pd.DataFrame(out)
+
+
+def held_out(frame: pd.DataFrame) -> pd.Series:
+    """The test rows: every multi-GPU row (the constants see one-GPU rows only) and every H200 row."""
+    return (frame["gpus"] > 1) | frame["set"].str.contains("h200")
+
+
+def fit(rows: pd.DataFrame, runs: list, results: Path) -> dict:
+    """The constants minimising the mean |log(predicted / measured)| over the one-GPU H100 rows."""
+    from scipy.optimize import minimize
+
+    train = ~held_out(pd.DataFrame({"gpus": rows["world_size"].astype(int).values, "set": rows["set"].values}))
+    rows, runs = rows[train.values], [r for r, t in zip(runs, train.values) if t]
+    levers = {r.levers for r in runs}
+    hooks = {st.sharding(r) for r in runs}
+    losses = {"compiled" if r.compile_loss else "eager" for r in runs}
+    # only what the one-GPU rows exercise is fitted; the rest keeps its stated value
+    keys = [("MEMORY_BYTES", k) for k in st.MEMORY_BYTES if k in levers or k == "model" and "graphs" in levers] + \
+        [("LOSS_BYTES", k) for k in st.LOSS_BYTES if k in losses] + \
+        [("HOST_OPS", k) for k in st.HOST_OPS if k in levers and k != "graphs"] + \
+        [("FIXED_OPS", None), ("DS_OPS_PER_TENSOR", None), ("OVERLAP", None)] + \
+        [("HOOK_OPS", k) for k in st.HOOK_OPS if k in hooks]
+
+    def assign(x):
+        for (name, key), value in zip(keys, x):
+            if key is None:
+                setattr(st, name, math.exp(value))
+            else:
+                getattr(st, name)[key] = math.exp(value)
+
+    cache: dict = {}
+    cases = [(run, rates_for(row, results, cache), float(row["step_time_median_s"]))
+             for (_, row), run in zip(rows.iterrows(), runs)]
+
+    def loss(x):
+        assign(x)
+        return sum(abs(math.log(st.predict(run, rates).step_s / measured)) for run, rates, measured in cases) / len(cases)
+
+    start = [math.log(getattr(st, n)[k] if k is not None else getattr(st, n)) for n, k in keys]
+    bounds = [tuple(math.log(v) for v in BOUNDS[n]) for n, _ in keys]
+    start = [min(max(x, lo), hi) for x, (lo, hi) in zip(start, bounds)]
+    best = minimize(loss, start, method="Powell", bounds=bounds, options={"maxiter": 20000, "xtol": 1e-3, "ftol": 1e-6})
+    assign(best.x)
+    return {"constants": {name: getattr(st, name) for name in CONSTANTS},
+            "fitted_on": sorted(set(rows["set"])), "rows": len(cases), "mean_abs_log_error": best.fun,
+            "fitted": [f"{n}[{k}]" if k else n for n, k in keys]}
+
+
+def write_fit(fit_result: dict) -> None:
+    """step_time_fit.json, the one place of the constants, with what they were fitted on and the commit."""
+    from workflow_scripts.measure.provenance import git_state
+
+    record = {**fit_result, "git": git_state(), "how": "python -m workflow_scripts.bench.step_time --fit"}
+    st.FIT_FILE.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    lines = []
+    for name, part in (("fitted on (one-GPU H100 sets)", frame[~held_out(frame)]),
+                       ("held out (multi-GPU and H200 sets)", frame[held_out(frame)])):
+        mae = part["error"].abs().mean()
+        lines += [f"### {name}: {len(part)} rows, mean absolute error {mae:.1%}, median {part['error'].abs().median():.1%}",
+                  "", "| set | model | strategy | layout | GPUs | mb | levers | measured s | predicted s | error | bound |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for _, r in part.sort_values(["set", "model", "strategy"]).iterrows():
+            lines.append(f"| {r['set']} | {r['model']} | {r['strategy']} | {r['layout']} | {r['gpus']} | "
+                         f"{r['micro_batch']} | {r['levers']} | {r['measured_step_s']:.4f} | "
+                         f"{r['predicted_step_s']:.4f} | {r['error']:+.1%} | {r['bound']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default="results")
+    ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--out", help="a folder for step_time.md and step_time.csv")
+    a = ap.parse_args(argv)
+    results = Path(a.results)
+    rows, runs, skipped = runs_of(committed_rows(results))
+    if a.fit:
+        result = fit(rows, runs, results)
+        write_fit(result)
+        print(json.dumps(result["constants"], indent=1))
+    frame = predictions(rows, runs, results)
+    text = markdown(frame)
+    if len(skipped):
+        text += (f"\nNot modelled: {len(skipped)} rows (" + "; ".join(
+            f"{why}: {n}" for why, n in skipped.groupby("why").size().items()) + ")\n")
+    print(text)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "step_time.md").write_text(text)
+        frame.to_csv(Path(a.out) / "step_time.csv", index=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,352 @@
+"""A run's step time by parts, before it runs: what one optimizer step asks of one device, at the rates the
+machine's calibration measured (measure/calibrate.py), beside the memory model (memory_model.py).
+
+Per device and optimizer step, with a micro-batches of N tokens each (the tokens of this rank's sequence shard),
+L_r the layers of this rank (L / pp) and P_r the parameters it updates:
+
+  gemm       every matmul of the blocks and the head, forward, input gradient and (trainable weights) weight
+             gradient, each at the calibrated bf16 rate for its shape m x k x n (curve `matmul_bf16`, interpolated
+             in log space); tensor parallelism divides the sharded widths by tp; checkpointing adds a forward;
+  attention  causal SDPA, forward + backward, at the calibrated rate for its sequence and head dimension (curve
+             `sdpa_bf16`), 4 s^2 h e / 2 FLOPs forward, 2.5x that backward;
+  memory     what the kernels outside the matmuls read and write (norms, activations, residuals, dropout, rotary,
+             the loss's logits): MEMORY_BYTES[levers] x (d + f) bytes per token and layer, LOSS_BYTES[levers] x V
+             per token for the loss, at the calibrated device copy bandwidth (`hbm_copy`);
+  optimizer  AdamW over the rank's P_r parameters: 28 bytes each (fp32 parameter, gradient, two moments read;
+             parameter and moments written) at `hbm_copy`; optimizer offload: the CPU's AdamW rate (`cpu_adam`)
+             and the gradients and parameters over `d2h` / `h2d`;
+  host       what the host issues per step: HOST_OPS[levers] per layer and micro-batch (kernel launches and Python,
+             in units of the calibrated eager launch, `launch_us`), FIXED_OPS per micro-batch, the optimizer's
+             launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
+             tensor);
+  comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
+             (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
+             engine overlaps with the backward (DDP's buckets, ZeRO-3/FSDP's prefetch; DeepSpeed ZeRO-1/2 do not
+             overlap by default); tensor parallelism's activation all-reduces (2 per layer forward, 2 backward);
+             pipeline stages add the bubble (pp - 1) / (a + pp - 1) of the step.
+
+  step = || gemm + attention + memory + optimizer, host ||_OVERLAP + exposed comm + offload (+ the pipeline bubble)
+
+The device and the host run concurrently (kernels are queued ahead), so the larger of the two sets the pace (the
+p-norm is their max where one dominates, and more where they are close: the queue runs dry now and then); the named
+term with the largest share is the run's bound. The constants in upper case describe the software (how many
+bytes an eager block moves, how many launches it issues) and are fitted once on the committed one-GPU sets
+(bench/step_time.py --fit), never on the sets the model is tested on; the rates are the machine's.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from workflow_scripts.plan import memory_model as mm
+from workflow_scripts.units import GB
+
+# The software's constants, fitted on the committed one-GPU H100 rows (python -m workflow_scripts.bench.step_time --fit
+# writes step_time_fit.json: the values, what they were fitted on and the error there): bytes per token, layer and
+# (d + f) moved outside the matmuls, per lever set; bytes per token and vocabulary entry of the loss; launches per
+# layer and micro-batch; launches per micro-batch; DeepSpeed's launches per parameter tensor; FSDP2's and ZeRO-3's
+# hook launches per layer and micro-batch; the p-norm of device and host time.
+FIT_FILE = Path(__file__).with_name("step_time_fit.json")
+_FIT = json.loads(FIT_FILE.read_text())["constants"]
+MEMORY_BYTES, LOSS_BYTES, HOST_OPS = _FIT["MEMORY_BYTES"], _FIT["LOSS_BYTES"], _FIT["HOST_OPS"]
+FIXED_OPS, DS_OPS_PER_TENSOR, HOOK_OPS, OVERLAP = (_FIT["FIXED_OPS"], _FIT["DS_OPS_PER_TENSOR"], _FIT["HOOK_OPS"],
+                                                   _FIT["OVERLAP"])
+ADAMW_BYTES = 28  # per parameter: fp32 parameter, gradient, exp_avg, exp_avg_sq read; parameter and moments written
+DDP_BUCKET = 25e6  # bytes: DistributedDataParallel's default bucket_cap_mb
+
+
+@dataclass
+class Rates:
+    """What the machine does per second, from a calibration.json (measure/calibrate.py)."""
+
+    matmul: tuple  # ((m, k, n, TFLOP/s), ...)
+    sdpa: tuple  # ((seq, head_dim, TFLOP/s), ...)
+    hbm: float  # GB/s read + written
+    launch_us: float
+    busbw: dict = field(default_factory=dict)  # (collective, ranks) -> [(bytes, GB/s)]
+    h2d: float | None = None
+    d2h: float | None = None
+    cpu_adam_ms: float | None = None  # AdamW step over 10 M fp32 parameters on the host
+
+    @classmethod
+    def of(cls, calibration: dict) -> "Rates":
+        rows = {r["name"]: r["value"] for r in calibration["rows"] if r["value"] is not None}
+        curves = calibration.get("curves") or {}
+        missing = [k for k in ("matmul_bf16", "sdpa_bf16") if not curves.get(k)]
+        if missing or not any(k.startswith("hbm_copy[") for k in rows):
+            raise ValueError(f"calibration has no {', '.join(missing or ['hbm_copy'])}: recalibrate "
+                             "(measure/calibrate.py measures them since the step-time model)")
+        busbw: dict = {}
+        for name, value in rows.items():
+            if "_busbw[" in name and "x" in name:
+                kind, rest = name.split("_busbw[")
+                ranks, size = rest.rstrip("]").split("x")
+                busbw.setdefault((kind, int(ranks)), []).append((float(size.rstrip("MB")) * 1e6, value))
+        first = lambda prefix: next((v for k, v in sorted(rows.items()) if k.startswith(prefix)), None)  # noqa: E731
+        return cls(matmul=tuple((p["m"], p["k"], p["n"], p["tflops"]) for p in curves["matmul_bf16"]),
+                   sdpa=tuple((p["seq"], p["head_dim"], p["tflops"]) for p in curves["sdpa_bf16"]),
+                   hbm=first("hbm_copy["), launch_us=first("launch_us["),
+                   busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
+                   h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"))
+
+
+@lru_cache(maxsize=65536)
+def interpolate(points: tuple, at: tuple) -> float:
+    """The value at `at` of a grid of points (coordinates..., value), linear in the logs of coordinates and value
+    along each axis in turn (clamped at the grid's edges)."""
+    if len(at) == 0:
+        return points[0][-1]
+    axis = sorted({p[0] for p in points})
+    x = min(max(at[0], axis[0]), axis[-1])
+    hi = next(v for v in axis if v >= x)
+    lo = max(v for v in axis if v <= x)
+    below = interpolate(tuple(p[1:] for p in points if p[0] == lo), at[1:])
+    if hi == lo:
+        return below
+    above = interpolate(tuple(p[1:] for p in points if p[0] == hi), at[1:])
+    w = (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return math.exp((1 - w) * math.log(below) + w * math.log(above))
+
+
+def busbw(rates: Rates, kind: str, ranks: int, message: float) -> float | None:
+    """GB/s of a collective over `ranks` for one message (bytes): the curve for that rank count, else the
+    nearest rank count measured (a stated assumption in the prediction's notes)."""
+    curves = {r: v for (k, r), v in rates.busbw.items() if k == kind}
+    if not curves:
+        return None
+    nearest = min(curves, key=lambda r: (abs(r - ranks), -r))
+    return interpolate(tuple(curves[nearest]), (message,))
+
+
+@dataclass
+class Run:
+    """What the step-time model needs of a run (from its run spec, or from a plan's candidate)."""
+
+    shape: mm.Shape
+    family: str  # strategy family: ddp | deepspeed | fsdp
+    zero_stage: int
+    strategy: str
+    micro_batch: int
+    accum: int
+    tokens: int  # tokens of one sample through every layer (sequence; a ViT's patches + 1)
+    layout: dict
+    levers: str  # eager | blocks | model | graphs
+    compile_loss: bool
+    checkpointing: bool
+    trainable: int
+    tensors: int  # parameter tensors (DeepSpeed's optimizer launches per tensor)
+    offload_optimizer: bool = False
+    precision: str = "bf16-mixed"
+    deterministic: bool = False
+    grad_bytes: int = 4  # bytes of one communicated gradient (fp32; bf16 under bf16-pure)
+    bucket: float = DDP_BUCKET
+
+
+@dataclass
+class Prediction:
+    step_s: float
+    parts: dict  # name -> seconds
+    bound: str  # the part with the largest share
+    notes: list = field(default_factory=list)
+
+    def tokens_per_s(self, tokens_per_step: float) -> float:
+        return tokens_per_step / self.step_s
+
+
+def degree(run: Run, key: str) -> int:
+    return int(run.layout.get(key, 1) or 1)
+
+
+def gemms(s: mm.Shape, tokens: int, tp: int) -> list[tuple[int, int, int, int]]:
+    """(m, k, n, count) of one layer's forward matmuls on one rank for `tokens` tokens, and the head's (count
+    negative: once, not per layer). Tensor parallelism splits q/k/v, gate/up by columns and o/down by rows."""
+    d, f, kv = s.d, s.ffn, s.kv
+    if s.family == "gpt2" or s.family == "vit":
+        layer = [(tokens, d, 3 * d // tp, 1), (tokens, d // tp, d, 1), (tokens, d, f // tp, 1), (tokens, f // tp, d, 1)]
+    else:
+        layer = [(tokens, d, (d + 2 * kv) // tp, 1), (tokens, d // tp, d, 1)]
+        if s.experts:
+            routed = max(1, tokens * s.top_k // s.experts)
+            layer += [(tokens, d, s.experts, 1), (routed, d, 2 * s.expert_ffn, s.experts),
+                      (routed, s.expert_ffn, d, s.experts)]
+            if s.shared_ffn:
+                layer += [(tokens, d, 2 * s.shared_ffn, 1), (tokens, s.shared_ffn, d, 1)]
+        else:
+            layer += [(tokens, d, 2 * f // tp, 1), (tokens, f // tp, d, 1)]
+    head_tokens = tokens // s.loss_tokens if s.family == "vit" else tokens
+    return layer + [(head_tokens, d, s.vocab, -1)]
+
+
+def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
+    """One micro-batch's matmuls, forward and backward (and the checkpointed forward again) on this rank."""
+    layers = run.shape.n_layer / degree(run, "pp")
+    trains_weights = run.trainable > 0.5 * run.shape.n_params  # LoRA: the frozen base computes no weight gradient
+    total = 0.0
+    for m, k, n, count in gemms(run.shape, tokens, degree(run, "tp")):
+        times = layers * count if count > 0 else 1.0 / degree(run, "pp")
+        flops = 2.0 * m * k * n
+        forward = flops / (interpolate(rates.matmul, (m, k, n)) * 1e12)
+        grad_input = flops / (interpolate(rates.matmul, (m, n, k)) * 1e12)
+        grad_weight = flops / (interpolate(rates.matmul, (k, m, n)) * 1e12) if trains_weights else 0.0
+        again = forward if run.checkpointing and count > 0 else 0.0
+        total += times * (forward + grad_input + grad_weight + again)
+    return total
+
+
+def attention_seconds(run: Run, rates: Rates, samples: int) -> float:
+    s = run.shape
+    heads = s.d // s.head_dim // degree(run, "tp")
+    seq = run.tokens
+    flops = 3.5 * 4 * samples * heads * seq * seq * s.head_dim / 2 / degree(run, "cp")
+    if run.checkpointing:
+        flops *= 4.5 / 3.5
+    return s.n_layer / degree(run, "pp") * flops / (interpolate(rates.sdpa, (seq, s.head_dim)) * 1e12)
+
+
+def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
+    s = run.shape
+    layer = MEMORY_BYTES["eager" if run.levers == "eager" else "blocks" if run.levers == "blocks" else "model"]
+    per_token = layer * (s.d + s.ffn) / degree(run, "tp") * s.n_layer / degree(run, "pp")
+    if run.checkpointing:
+        per_token *= 1.5
+    loss = LOSS_BYTES["compiled" if run.compile_loss else "eager"] * s.vocab / degree(run, "pp")
+    if s.family == "vit":
+        loss /= s.loss_tokens
+    return tokens * (per_token + loss) / (rates.hbm * GB)
+
+
+def local_params(run: Run) -> float:
+    """The parameters this rank updates: its pipeline stage and tensor shard, sharded over dp by ZeRO-1+ / FSDP."""
+    p = run.trainable / (degree(run, "pp") * degree(run, "tp"))
+    dp = max(1, degree(run, "dp") * degree(run, "cp"))
+    return p / dp if run.zero_stage >= 1 else p
+
+
+def optimizer_seconds(run: Run, rates: Rates) -> tuple[float, float]:
+    """(device seconds, offload seconds) of one AdamW step on this rank."""
+    p = local_params(run)
+    if not run.offload_optimizer:
+        return p * ADAMW_BYTES / (rates.hbm * GB), 0.0
+    host = (rates.cpu_adam_ms or 0.0) / 1e3 * p / 1e7
+    copies = p * run.grad_bytes / ((rates.d2h or 1.0) * GB) + p * 2 / ((rates.h2d or 1.0) * GB)
+    return 0.0, host + copies
+
+
+def sharding(run: Run) -> str | None:
+    """The engine whose per-layer hooks gather and release parameters: fsdp, zero3, or none."""
+    return "fsdp" if run.family == "fsdp" else "zero3" if run.family == "deepspeed" and run.zero_stage == 3 else None
+
+
+def host_seconds(run: Run, rates: Rates) -> float:
+    layers = run.shape.n_layer / degree(run, "pp")
+    hooks = HOOK_OPS.get(sharding(run), 0.0)
+    per_micro = (HOST_OPS[run.levers] * (1.5 if run.checkpointing else 1.0) + hooks) * layers + FIXED_OPS
+    optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
+    return (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
+
+
+def comm_seconds(run: Run, rates: Rates, backward_s: float) -> tuple[float, list]:
+    """The exposed seconds of the strategy's and the layout's collectives, and notes on what was assumed."""
+    notes = []
+    dp = degree(run, "dp") * degree(run, "cp")
+    total = 0.0
+    p = run.trainable / (degree(run, "pp") * degree(run, "tp"))
+    if dp > 1:
+        grads = p * run.grad_bytes
+        ar = lambda b, m: b * 2 * (dp - 1) / dp / ((busbw(rates, "all_reduce", dp, m) or math.inf) * GB)  # noqa
+        ag = lambda b, m: b * (dp - 1) / dp / ((busbw(rates, "all_gather", dp, m) or math.inf) * GB)  # noqa
+        if not any(k == dp for _, k in rates.busbw):
+            notes.append(f"no {dp}-rank bus bandwidth calibrated: the nearest rank count's")
+        if run.family == "ddp":  # buckets all-reduced as the backward of the last micro-batch produces them
+            t = ar(grads, run.bucket)
+            total += max(t - backward_s / run.accum, t * min(1.0, run.bucket / max(grads, 1.0)))
+        elif run.zero_stage == 0:
+            total += ar(grads, 5e8)
+        elif run.zero_stage in (1, 2):
+            total += ag(grads, 5e8) + ag(p * 2, 5e8)  # reduce-scatter of gradients, all-gather of parameters
+        else:  # ZeRO-3 / FSDP: parameters gathered forward and backward, gradients reduce-scattered, prefetched
+            layer = p / max(1, run.shape.n_layer)
+            t = ag(2 * p * 2, layer * 2) + ag(grads, layer * run.grad_bytes)
+            total += max(t - backward_s * 1.5, t / max(1, run.shape.n_layer))
+    tp = degree(run, "tp")
+    if tp > 1:
+        activations = run.micro_batch * run.tokens * run.shape.d * 2 / degree(run, "cp")
+        total += run.accum * 4 * run.shape.n_layer / degree(run, "pp") * (
+            activations * 2 * (tp - 1) / tp / ((busbw(rates, "all_reduce", tp, activations) or math.inf) * GB))
+    return total, notes
+
+
+def not_modelled(run: Run) -> str | None:
+    """Why the model has no prediction for a run (its rates are bf16 ones; deterministic kernels are others)."""
+    if run.precision == "fp32":
+        return "fp32: no fp32 matmul rate is calibrated"
+    if run.deterministic:
+        return "deterministic algorithms: other kernels than the calibrated ones"
+    return None
+
+
+def predict(run: Run, rates: Rates) -> Prediction:
+    tokens = run.micro_batch * run.tokens // degree(run, "cp")
+    per_micro = {"gemm": gemm_seconds(run, rates, tokens), "attention": attention_seconds(run, rates, run.micro_batch),
+                 "memory": memory_seconds(run, rates, tokens)}
+    parts = {k: v * run.accum for k, v in per_micro.items()}
+    parts["optimizer"], offload = optimizer_seconds(run, rates)
+    parts["host"] = host_seconds(run, rates)
+    backward = (parts["gemm"] + parts["attention"]) * 2 / 3
+    parts["comm"], notes = comm_seconds(run, rates, backward)
+    device = parts["gemm"] + parts["attention"] + parts["memory"] + parts["optimizer"]
+    step = (device ** OVERLAP + parts["host"] ** OVERLAP) ** (1 / OVERLAP) + parts["comm"] + offload
+    pp = degree(run, "pp")
+    if pp > 1:
+        parts["bubble"] = step * (pp - 1) / (run.accum + pp - 1)
+        step += parts["bubble"]
+    parts["offload"] = offload
+    shares = {"device": device, "host": parts["host"], "comm": parts["comm"], "offload": offload,
+              "bubble": parts.get("bubble", 0.0)}
+    bound = max(shares, key=shares.get)
+    if bound == "device":
+        bound = max(("gemm", "attention", "memory", "optimizer"), key=parts.get)
+    return Prediction(step, parts, bound, notes)
+
+
+def levers_of(train: dict, applied: dict | None) -> tuple[str, bool]:
+    """(eager | blocks | model | graphs, compiled loss) from what the run applied (strategy_settings.json's
+    `harness`) or, before it runs, its resolved train settings."""
+    t = applied or train
+    if t.get("compile_model") not in (None, False):  # what ran records a description of the compiled module
+        return ("graphs" if t.get("compile_mode") == "reduce-overhead" else "model"), t.get("compile_loss") is True
+    return ("blocks" if t.get("compile_blocks") is True else "eager"), t.get("compile_loss") is True
+
+
+def run_of(spec: dict, summary: dict, settings: dict | None = None) -> Run:
+    """The step-time model's view of a run, from its run_spec.json and summary.json (and strategy_settings.json:
+    the levers it applied)."""
+    from workflow_scripts.plan.predict import count_params, offloads, shape, tokens_per_sample
+    from workflow_scripts.training.models import MODELS
+    from workflow_scripts.training.strategies import STRATEGIES
+    import json
+
+    model, t = spec["model"], spec["train"]
+    seq, vocab = int(summary["seq_len"]), int(summary["vocab_size"])
+    tokens = tokens_per_sample(model, spec.get("model_overrides"), seq)
+    n_params = int(summary["n_params"])
+    trainable = summary.get("trainable_params")
+    if trainable is None:
+        lora = json.dumps(t.get("lora") or MODELS[model].lora)
+        trainable = count_params(model, json.dumps(spec.get("model_overrides") or {}, sort_keys=True), vocab, seq,
+                                 lora)[1]
+    s = shape(model, spec.get("model_overrides"), n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
+    strategy = STRATEGIES[spec["strategy"]]
+    levers, loss = levers_of(t, (settings or {}).get("harness"))
+    options = spec.get("options") or {}
+    return Run(shape=s, family=strategy.family, zero_stage=strategy.zero_stage, strategy=spec["strategy"],
+               micro_batch=int(summary["micro_batch"]), accum=int(summary["grad_accum"]), tokens=tokens,
+               layout={k: int(v) for k, v in (spec.get("layout") or {"dp": spec["world_size"]}).items()},
+               levers=levers, compile_loss=loss, checkpointing=bool(t.get("gradient_checkpointing")),
+               trainable=int(trainable), tensors=12 * s.n_layer + 4,
+               offload_optimizer=offloads(spec["strategy"], options)[0], precision=spec["precision"],
+               deterministic=bool(t.get("deterministic")), grad_bytes=2 if spec["precision"] == "bf16-pure" else 4,
+               bucket=float(((settings or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / 1e6)) * 1e6)
