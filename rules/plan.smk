@@ -1,8 +1,11 @@
 # What fits, before anything runs (not part of `all`): the analytic memory model over the plan's strategies, GPU
-# counts and micro-batches (workflow_scripts/plan/planner.py). Needs no data and no GPU.
+# counts and micro-batches (workflow_scripts/plan/planner.py), ranked by the step-time model where plan.calibration
+# names a calibration. Needs no data and no GPU.
 
 
 rule plan:
+    input:
+        calibration=lambda w: config["plan"].get("calibration") or [],
     output:
         csv=f"{R}/plan/plan.csv",
         md=f"{R}/plan/plan.md",

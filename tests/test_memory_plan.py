@@ -126,6 +126,25 @@ def test_the_planner_says_what_fits_on_known_cases():
     assert not small.set_index(["strategy", "gpus", "micro_batch"]).loc[("ddp", 1, 16), "fits"]
 
 
+def test_the_planner_ranks_what_fits_by_predicted_throughput():
+    """With plan.calibration (the committed H100 kind), every candidate gets a predicted step; the ranking lists
+    the ones that fit, fastest first, each with its bound; grad_accum is planned at the micro-batch it runs."""
+    from workflow_scripts.plan.planner import ranking, rows, split
+
+    config = plan_config(gpu_memory_gib=94, calibration=str(REPO / "results/calibration/h100/calibration.json"))
+    frame = rows(config)
+    assert frame["predicted_step_s"].gt(0).all() and frame["time_bound"].notna().all()
+    table = [line.split("|") for line in ranking(frame) if line.startswith("| ") and line[2].isdigit()]
+    speeds = [float(cells[6].replace(",", "")) for cells in table]
+    assert speeds == sorted(speeds, reverse=True) and len(table) == min(10, frame["fits"].eq(True).sum())  # top 10
+    fast = frame.set_index(["strategy", "gpus", "micro_batch"])["predicted_tokens_per_s_per_gpu"]
+    assert fast[("zero3_offload", 1, 8)] < fast[("zero3", 1, 8)] < fast[("ddp", 1, 8)]
+    config["train"]["grad_accum"] = 2
+    config["strategy_options"] = {"grad_accum": {"accum_steps": 8}}
+    assert split("grad_accum", config, 16) == (4, 8) and split("ddp", config, 16) == (16, 2)
+    assert "set plan.calibration" in ranking(rows(plan_config()))[0]
+
+
 def test_the_planner_bounds_a_compiled_run_by_the_eager_count():
     """The GPU default (compile auto, on from micro-batch 8 for gpt2-large): a bound that fits is a fit; one that
     does not is unknown, not a refusal."""

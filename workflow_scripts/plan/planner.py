@@ -21,6 +21,7 @@ import pandas as pd
 
 from workflow_scripts import study
 from workflow_scripts.plan.predict import predict
+from workflow_scripts.training import levers
 from workflow_scripts.training.models import MODELS, embedding_rows
 from workflow_scripts.units import GIB
 
@@ -47,20 +48,57 @@ def usable_bytes(plan: dict) -> float:
 
 def compiled(config: dict, gpus: int, model: str, micro_batch: int, seq_len: int) -> bool:
     """Whether the run compiles (train.compile_blocks / compile_loss, `auto` resolved as a run spec does)."""
-    from workflow_scripts.training import levers
-
     family = MODELS[model].family
     t = levers.resolve(config["train"], config["platform"], {"dp": gpus}, family,
                        study.block_flops(config, model, micro_batch, {}, seq_len))
     return levers.compiles(t, family, {"dp": gpus})
 
 
-def accumulation(strategy: str, config: dict) -> int:
-    """Micro-batches per step: the strategy's own (grad_accum) or train.grad_accum."""
-    from workflow_scripts.training.strategies import STRATEGIES
+def split(strategy: str, config: dict, micro_batch: int) -> tuple[int, int]:
+    """(micro-batch of one forward, accumulation steps) of a plan's candidate, as its run would split them (a
+    strategy's own accumulation, e.g. grad_accum's, at the same effective batch: strategies.micro_and_accum)."""
+    from workflow_scripts.training.strategies import micro_and_accum
 
-    own = STRATEGIES[strategy].accum_steps
-    return int(own(config["strategy_options"].get(strategy, {}))) if own else int(config["train"]["grad_accum"])
+    train = {**config["train"], "micro_batch_size": micro_batch}
+    return micro_and_accum({"train": train, "strategy": strategy,
+                            "options": config["strategy_options"].get(strategy, {})})
+
+
+def step_rates(plan: dict):
+    """The step-time model's rates from plan.calibration (a calibration.json of the GPU kind), or None."""
+    if not plan.get("calibration"):
+        return None
+    from workflow_scripts.plan.step_time import Rates
+
+    try:
+        return Rates.of(json.loads(Path(plan["calibration"]).read_text()))
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"plan.calibration: {exc}") from None
+
+
+def throughput(config: dict, rates, cell: dict, vocab: int, seq_len: int) -> dict:
+    """A candidate's predicted step (plan/step_time.py): tokens/s per GPU, MFU and what bounds it."""
+    if rates is None:
+        return {}
+    from workflow_scripts.measure.metrics import mfu
+    from workflow_scripts.plan import step_time
+    from workflow_scripts.training.models import model_flops_per_token
+
+    model, strategy, gpus = cell["model"], cell["strategy"], cell["gpus"]
+    micro, accum = split(strategy, config, cell["micro_batch"])
+    train = levers.resolve(config["train"], config["platform"], {"dp": gpus}, MODELS[model].family,
+                           study.block_flops(config, model, micro, {}, seq_len))
+    run = step_time.run_for(model=model, strategy=strategy, precision=cell["precision"], layout={"dp": gpus},
+                            micro_batch=micro, accum=accum, seq_len=seq_len, vocab=vocab, train=train,
+                            options=config["strategy_options"].get(strategy, {}),
+                            overrides=config["model_overrides"].get(model))
+    if why := step_time.not_modelled(run):
+        return {"step_note": why}
+    p = step_time.predict(run, rates)
+    per_gpu = micro * accum * seq_len / p.step_s
+    flops = model_flops_per_token(model, run.shape.n_params, seq_len, run.trainable)
+    return {"predicted_step_s": p.step_s, "predicted_tokens_per_s_per_gpu": per_gpu,
+            "predicted_mfu": mfu(flops, per_gpu, 1, rates.device), "bound": p.bound, "levers": run.levers}
 
 
 def rows(config: dict) -> pd.DataFrame:
@@ -70,21 +108,25 @@ def rows(config: dict) -> pd.DataFrame:
     models = plan.get("models") or study.all_names(config, "models")
     strategies = plan.get("strategies") or study.all_names(config, "strategies")
     gpus = plan.get("gpus") or study.all_names(config, "world_sizes")
+    precision = plan.get("precision") or train["precision"]
     usable = usable_bytes(plan)
+    rates = step_rates(plan)
     out = []
     for model in models:
         for strategy in strategies:
             for n in gpus:
                 for mb in plan["micro_batches"]:
-                    p = predict(model=model, strategy=strategy, precision=plan.get("precision") or train["precision"],
-                                world_size=n, micro_batch=mb, seq_len=seq_len,
-                                grad_accum=accumulation(strategy, config),
+                    micro, accum = split(strategy, config, mb)
+                    p = predict(model=model, strategy=strategy, precision=precision,
+                                world_size=n, micro_batch=micro, seq_len=seq_len, grad_accum=accum,
                                 vocab=vocab, overrides=config["model_overrides"].get(model),
                                 options=config["strategy_options"].get(strategy, {}),
                                 checkpointing=bool(train["gradient_checkpointing"]),
-                                compiled=compiled(config, n, model, mb, seq_len))
+                                compiled=compiled(config, n, model, micro, seq_len))
                     total, device = (p.total, p.device) if p.modelled else (None, None)
-                    out.append({"model": model, "strategy": strategy, "gpus": n, "micro_batch": mb,
+                    cell = {"model": model, "strategy": strategy, "gpus": n, "micro_batch": mb,
+                            "precision": precision}
+                    out.append({**cell,
                                 "predicted_gib": None if total is None else total / GIB,
                                 "predicted_device_gib": None if device is None else device / GIB,
                                 "usable_gib": usable / GIB,
@@ -92,8 +134,29 @@ def rows(config: dict) -> pd.DataFrame:
                                 # an upper bound (compiled) that exceeds the usable memory says nothing
                                 "fits": None if device is None or (p.bound and device > usable)
                                 else bool(device <= usable),
-                                "method": p.method if p.modelled else "", "bound": p.bound, "note": p.why})
+                                "method": p.method if p.modelled else "", "bound": p.bound, "note": p.why,
+                                **{f"time_{k}" if k == "bound" else k: v
+                                   for k, v in throughput(config, rates, cell, vocab, seq_len).items()}})
     return pd.DataFrame(out)
+
+
+def ranking(frame: pd.DataFrame, top: int = 10) -> list[str]:
+    """Per model, the candidates that fit, fastest first by predicted tokens/s per GPU, with what bounds each."""
+    if "predicted_tokens_per_s_per_gpu" not in frame:
+        return ["No throughput ranking: set plan.calibration to a calibration.json of the GPU kind (e.g. "
+                "results/calibration/h100/calibration.json), measured by `calibrate` with its curves.", ""]
+    lines = ["Ranked by predicted throughput (step-time model, plan/step_time.py; candidates that fit):", ""]
+    for model, part in frame[frame["fits"] == True].groupby("model", sort=False):  # noqa: E712
+        best = part.dropna(subset=["predicted_tokens_per_s_per_gpu"]).sort_values(
+            "predicted_tokens_per_s_per_gpu", ascending=False).head(top)
+        lines += [f"#### {model}", "", "| rank | strategy | GPUs | mb | levers | tokens/s per GPU | MFU | bound |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for i, (_, r) in enumerate(best.iterrows(), 1):
+            mfu = "" if pd.isna(r["predicted_mfu"]) else f"{r['predicted_mfu']:.1%}"
+            lines.append(f"| {i} | `{r['strategy']}` | {r['gpus']} | {r['micro_batch']} | {r['levers']} | "
+                         f"{r['predicted_tokens_per_s_per_gpu']:,.0f} | {mfu} | {r['time_bound']} |")
+        lines.append("")
+    return lines
 
 
 def largest_fitting(frame: pd.DataFrame) -> pd.DataFrame:
@@ -126,7 +189,7 @@ def markdown(frame: pd.DataFrame, plan: dict) -> str:
             lines.append(f"| `{strategy}` | {n} | " + " | ".join(text) + " | "
                          + ("none" if pd.isna(largest) else str(int(largest))) + " |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + ranking(frame))
 
 
 def main(argv=None):

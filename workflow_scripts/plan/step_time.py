@@ -70,6 +70,7 @@ class Rates:
     h2d: float | None = None
     d2h: float | None = None
     cpu_adam_ms: float | None = None  # AdamW step over 10 M fp32 parameters on the host
+    device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
     def of(cls, calibration: dict) -> "Rates":
@@ -90,7 +91,9 @@ class Rates:
                    sdpa=tuple((p["seq"], p["head_dim"], p["tflops"]) for p in curves["sdpa_bf16"]),
                    hbm=first("hbm_copy["), launch_us=first("launch_us["),
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
-                   h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"))
+                   h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
+                   device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
+                               None))
 
 
 @lru_cache(maxsize=65536)
@@ -321,32 +324,40 @@ def levers_of(train: dict, applied: dict | None) -> tuple[str, bool]:
     return ("blocks" if t.get("compile_blocks") is True else "eager"), t.get("compile_loss") is True
 
 
-def run_of(spec: dict, summary: dict, settings: dict | None = None) -> Run:
-    """The step-time model's view of a run, from its run_spec.json and summary.json (and strategy_settings.json:
-    the levers it applied)."""
+def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_batch: int, accum: int, seq_len: int,
+            vocab: int, train: dict, options: dict | None = None, overrides: dict | None = None,
+            n_params: int | None = None, trainable: int | None = None, applied: dict | None = None) -> Run:
+    """The step-time model's view of a run from its settings (a plan's candidate, or a run's spec and summary):
+    `train` its resolved train settings, `applied` the levers it recorded having applied (strategy_settings.json)."""
+    import json
+
     from workflow_scripts.plan.predict import count_params, offloads, shape, tokens_per_sample
     from workflow_scripts.training.models import MODELS
     from workflow_scripts.training.strategies import STRATEGIES
-    import json
 
-    model, t = spec["model"], spec["train"]
-    seq, vocab = int(summary["seq_len"]), int(summary["vocab_size"])
-    tokens = tokens_per_sample(model, spec.get("model_overrides"), seq)
-    n_params = int(summary["n_params"])
-    trainable = summary.get("trainable_params")
-    if trainable is None:
-        lora = json.dumps(t.get("lora") or MODELS[model].lora)
-        trainable = count_params(model, json.dumps(spec.get("model_overrides") or {}, sort_keys=True), vocab, seq,
-                                 lora)[1]
-    s = shape(model, spec.get("model_overrides"), n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
-    strategy = STRATEGIES[spec["strategy"]]
-    levers, loss = levers_of(t, (settings or {}).get("harness"))
-    options = spec.get("options") or {}
-    return Run(shape=s, family=strategy.family, zero_stage=strategy.zero_stage, strategy=spec["strategy"],
-               micro_batch=int(summary["micro_batch"]), accum=int(summary["grad_accum"]), tokens=tokens,
-               layout={k: int(v) for k, v in (spec.get("layout") or {"dp": spec["world_size"]}).items()},
-               levers=levers, compile_loss=loss, checkpointing=bool(t.get("gradient_checkpointing")),
-               trainable=int(trainable), tensors=12 * s.n_layer + 4,
-               offload_optimizer=offloads(spec["strategy"], options)[0], precision=spec["precision"],
-               deterministic=bool(t.get("deterministic")), grad_bytes=2 if spec["precision"] == "bf16-pure" else 4,
-               bucket=float(((settings or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / 1e6)) * 1e6)
+    tokens = tokens_per_sample(model, overrides, seq_len)
+    if n_params is None or trainable is None:
+        lora = json.dumps(train.get("lora") or MODELS[model].lora)
+        counted = count_params(model, json.dumps(overrides or {}, sort_keys=True), vocab, seq_len, lora)
+        n_params, trainable = n_params or counted[0], trainable if trainable is not None else counted[1]
+    s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
+    engine = STRATEGIES[strategy]
+    levers, loss = levers_of(train, (applied or {}).get("harness"))
+    options = options or {}
+    return Run(shape=s, family=engine.family, zero_stage=engine.zero_stage, strategy=strategy,
+               micro_batch=int(micro_batch), accum=int(accum), tokens=tokens,
+               layout={k: int(v) for k, v in layout.items()}, levers=levers, compile_loss=loss,
+               checkpointing=bool(train.get("gradient_checkpointing")), trainable=int(trainable),
+               tensors=12 * s.n_layer + 4, offload_optimizer=offloads(strategy, options)[0], precision=precision,
+               deterministic=bool(train.get("deterministic")), grad_bytes=2 if precision == "bf16-pure" else 4,
+               bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / 1e6)) * 1e6)
+
+
+def run_of(spec: dict, summary: dict, settings: dict | None = None) -> Run:
+    """The step-time model's view of a run, from its run_spec.json and summary.json (and strategy_settings.json:
+    the levers and DDP buckets it applied)."""
+    return run_for(model=spec["model"], strategy=spec["strategy"], precision=spec["precision"],
+                   layout=spec.get("layout") or {"dp": spec["world_size"]}, micro_batch=summary["micro_batch"],
+                   accum=summary["grad_accum"], seq_len=int(summary["seq_len"]), vocab=int(summary["vocab_size"]),
+                   train=spec["train"], options=spec.get("options"), overrides=spec.get("model_overrides"),
+                   n_params=int(summary["n_params"]), trainable=summary.get("trainable_params"), applied=settings)
