@@ -140,7 +140,8 @@ def fit(rows: pd.DataFrame, runs: list, results: Path) -> dict:
 
     def loss(x):
         assign(x)
-        return sum(abs(math.log(st.predict(run, rates).step_s / measured)) for run, rates, measured in cases) / len(cases)
+        errors = [abs(math.log(st.predict(run, rates).step_s / measured)) for run, rates, measured in cases]
+        return sum(errors) / len(errors)
 
     start = [math.log(getattr(st, n)[k] if k is not None else getattr(st, n)) for n, k in keys]
     bounds = [tuple(math.log(v) for v in BOUNDS[n]) for n, _ in keys]
@@ -165,8 +166,9 @@ def markdown(frame: pd.DataFrame) -> str:
     for name, part in (("fitted on (one-GPU H100 sets)", frame[~held_out(frame)]),
                        ("held out (multi-GPU and H200 sets)", frame[held_out(frame)])):
         mae = part["error"].abs().mean()
-        lines += [f"### {name}: {len(part)} rows, mean absolute error {mae:.1%}, median {part['error'].abs().median():.1%}",
-                  "", "| set | model | strategy | layout | GPUs | mb | levers | measured s | predicted s | error | bound |",
+        median = part["error"].abs().median()
+        lines += [f"### {name}: {len(part)} rows, mean absolute error {mae:.1%}, median {median:.1%}", "",
+                  "| set | model | strategy | layout | GPUs | mb | levers | measured s | predicted s | error | bound |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in part.sort_values(["set", "model", "strategy"]).iterrows():
             lines.append(f"| {r['set']} | {r['model']} | {r['strategy']} | {r['layout']} | {r['gpus']} | "
