@@ -160,8 +160,8 @@ def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, o
     steps = {"max_steps": train["timing_warmup_steps"] + cfg["steps"], "checkpoint_every": 0,
              "log_every": max(1, cfg["steps"]), "eval_batches": 1}
     specs = {}
-    for name, levers in names.items():
-        spec = run_spec(config, model, strategy, layout, 0, {**overrides, **levers, **steps},
+    for name, settings in names.items():
+        spec = run_spec(config, model, strategy, layout, 0, {**overrides, **settings, **steps},
                         out_dir=f"{root}/{name}", work_dir=f"{root}/{name}/work", ops=ops)
         spec["sampler"] = {**spec["sampler"], "backend": "none"}
         for key in ("profile", "trace_dir"):

@@ -159,7 +159,6 @@ def matmul_curve(rounds: int) -> list[dict]:
                     torch.cuda.synchronize()
 
                 out.append({"m": m, "k": k, "n": n, "tflops": reps * 2 * m * k * n / timed(run, rounds) / 1e12})
-                del a, b, graph
     return out
 
 
