@@ -4,7 +4,7 @@ rule parse:
         summaries=expand("{run}/summary.json", run=run_dirs()),
         metrics=expand("{run}/metrics.csv", run=run_dirs()),
         vram=expand("{run}/vram.csv", run=run_dirs()),
-        calibration=f"{R}/calibration/calibration.json",
+        calibration=rules.calibrate.output.json,
     output:
         runs=report(
             f"{R}/tables/runs.csv",

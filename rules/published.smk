@@ -24,6 +24,7 @@ use rule parse as parse_as_published with:
         summaries=expand("{run}/summary.json", run=published_run_dirs()),
         metrics=expand("{run}/metrics.csv", run=published_run_dirs()),
         vram=expand("{run}/vram.csv", run=published_run_dirs()),
+        calibration=rules.calibrate.output.json,
     output:
         runs=f"{AS_PUBLISHED}/tables/runs.csv",
         steps=f"{AS_PUBLISHED}/tables/steps.csv",
