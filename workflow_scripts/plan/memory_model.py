@@ -213,6 +213,11 @@ def predict(*, compiled: bool = False, **run) -> Prediction:
     p = eager_peak(**run)
     if not compiled or not p.modelled:
         return p
+    if run["family"] == "deepspeed" and run["checkpointing"]:
+        # measured: ZeRO-1/2 with compiled blocks and checkpointing passed the eager count by 1.9 GiB (5.7 %) on one
+        # H200 (results/ml815/h200-predicted); the bound is claimed only where no committed run passed it
+        return Prediction(False, "compiled blocks with checkpointing under DeepSpeed: the eager count is no upper "
+                                 "bound there (passed by 5.7 % in results/ml815/h200-predicted)")
     return replace(p, bound="upper", why="compiled: the eager count, an upper bound (inductor saves less)")
 
 
