@@ -21,7 +21,8 @@ from workflow_scripts.units import GB
 MEASURES = {"compute": "bf16 matmul TFLOP/s", "communication": "all-reduce bus bandwidth",
             "host": "kernel launches/s", "python": "single-thread CPU speed"}
 GRAD_BYTES = 4  # fp32 gradients, as the bf16-mixed data-parallel engines reduce them
-BUSBW = re.compile(r"all_reduce_busbw\[(\d+)x(\d+)MB\]")
+# a collective's calibration row: all_reduce_busbw[<ranks>x<size>MB] (measure/calibrate.py); also read by step_time.py
+BUSBW = re.compile(r"(all_reduce|all_gather)_busbw\[(\d+)x(\d+)MB\]")
 
 
 def calibration(results_dir: Path) -> dict | None:
@@ -36,7 +37,8 @@ def speeds(cal: dict, ranks: int) -> dict:
     """Each part's speed on this machine (None where not measured)."""
     matmul = [v for k, v in cal.items() if k.startswith("matmul_bf16[")]
     launch = [v for k, v in cal.items() if k.startswith("launch_us[")]
-    busbw = sorted((int(m[2]), v) for k, v in cal.items() if (m := BUSBW.fullmatch(k)) and int(m[1]) == ranks)
+    busbw = sorted((int(m[3]), v) for k, v in cal.items()
+                   if (m := BUSBW.fullmatch(k)) and m[1] == "all_reduce" and int(m[2]) == ranks)
     return {"compute": sum(matmul) / len(matmul) if matmul else None,
             "communication": busbw[-1][1] if busbw else None,
             "host": 1e6 * len(launch) / sum(launch) if launch else None, "python": cal.get("cpu_single_thread")}

@@ -71,8 +71,8 @@ def step_rates(plan: dict):
     from workflow_scripts.plan.step_time import Rates
 
     try:
-        return Rates.of(json.loads(Path(plan["calibration"]).read_text()))
-    except (OSError, ValueError) as exc:
+        return Rates.load(plan["calibration"])
+    except ValueError as exc:
         raise PlanError(f"plan.calibration: {exc}") from None
 
 

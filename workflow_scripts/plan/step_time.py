@@ -42,7 +42,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from workflow_scripts.plan import memory_model as mm
-from workflow_scripts.units import GB
+from workflow_scripts.plan.bound import BUSBW
+from workflow_scripts.units import GB, MB
 
 # The software's constants, fitted on the committed one-GPU H100 rows (python -m workflow_scripts.bench.step_time --fit
 # writes step_time_fit.json: the values, what they were fitted on and the error there): bytes per token, layer and
@@ -73,6 +74,16 @@ class Rates:
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
+    def load(cls, path) -> "Rates":
+        """The rates of a calibration.json; ValueError naming the file where it is missing or has no curves."""
+        try:
+            return cls.of(json.loads(Path(path).read_text()))
+        except OSError as exc:
+            raise ValueError(f"{path}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    @classmethod
     def of(cls, calibration: dict) -> "Rates":
         rows = {r["name"]: r["value"] for r in calibration["rows"] if r["value"] is not None}
         curves = calibration.get("curves") or {}
@@ -82,10 +93,8 @@ class Rates:
                              "(measure/calibrate.py measures them since the step-time model)")
         busbw: dict = {}
         for name, value in rows.items():
-            if "_busbw[" in name and "x" in name:
-                kind, rest = name.split("_busbw[")
-                ranks, size = rest.rstrip("]").split("x")
-                busbw.setdefault((kind, int(ranks)), []).append((float(size.rstrip("MB")) * 1e6, value))
+            if m := BUSBW.fullmatch(name):
+                busbw.setdefault((m[1], int(m[2])), []).append((float(m[3]) * MB, value))
         first = lambda prefix: next((v for k, v in sorted(rows.items()) if k.startswith(prefix)), None)  # noqa: E731
         return cls(matmul=tuple((p["m"], p["k"], p["n"], p["tflops"]) for p in curves["matmul_bf16"]),
                    sdpa=tuple((p["seq"], p["head_dim"], p["tflops"]) for p in curves["sdpa_bf16"]),

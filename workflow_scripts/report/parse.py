@@ -68,12 +68,12 @@ def predicted_peak(summary: dict, run_dir: Path) -> dict:
 
 def step_rates(calibration: str | None):
     """The step-time model's rates from the study's calibration, or why there are none."""
-    if not calibration or not Path(calibration).exists():
+    if not calibration:
         return "no calibration"
     from workflow_scripts.plan.step_time import Rates
 
     try:
-        return Rates.of(json.loads(Path(calibration).read_text()))
+        return Rates.load(calibration)
     except ValueError as exc:
         return str(exc)
 
