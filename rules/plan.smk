@@ -1,6 +1,26 @@
-# What fits, before anything runs (not part of `all`): the analytic memory model over the plan's strategies, GPU
-# counts and micro-batches (workflow_scripts/plan/planner.py), ranked by the step-time model where plan.calibration
-# names a calibration. Needs no data and no GPU.
+# Before anything runs (not part of `all`; needs no data and no GPU): `plan`, what fits on the study's GPU counts
+# (the analytic memory model, workflow_scripts/plan/planner.py), ranked by the step-time model where
+# plan.calibration names a calibration; `scale`, the study at the GPU counts and on the network of plan.scale
+# (workflow_scripts/plan/scale.py: every layout that fits, simulated).
+
+
+def plan_config(*extra):
+    keys = (
+        "plan",
+        "platform",
+        "train",
+        "data",
+        "images",
+        "tokenizer",
+        "models",
+        "strategies",
+        "world_sizes",
+        "groups",
+        "layouts",
+        "model_overrides",
+        "strategy_options",
+    ) + extra
+    return json.dumps({k: config[k] for k in keys if k in config}, sort_keys=True)
 
 
 rule plan:
@@ -14,29 +34,28 @@ rule plan:
     container:
         IMAGE
     params:
-        config=lambda w: json.dumps(
-            {
-                k: config[k]
-                for k in (
-                    "plan",
-                    "platform",
-                    "train",
-                    "data",
-                    "images",
-                    "tokenizer",
-                    "models",
-                    "strategies",
-                    "world_sizes",
-                    "groups",
-                    "layouts",
-                    "model_overrides",
-                    "strategy_options",
-                )
-                if k in config
-            },
-            sort_keys=True,
-        ),
+        config=lambda w: plan_config(),
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.plan.planner --config-json {params.config:q} --out-dir {params.out:q} "
+        "> {log} 2>&1"
+
+
+rule scale:
+    input:
+        calibration=lambda w: config["plan"].get("calibration") or [],
+    output:
+        csv=f"{R}/plan/scale.csv",
+        md=f"{R}/plan/scale.md",
+        png=f"{R}/plan/scale.png",
+        pdf=f"{R}/plan/scale.pdf",
+    log:
+        f"{R}/logs/scale.log",
+    container:
+        IMAGE
+    params:
+        config=lambda w: plan_config("figures"),
+        out=lambda w, output: os.path.dirname(output.csv),
+    shell:
+        "python3 -m workflow_scripts.plan.scale --config-json {params.config:q} --out-dir {params.out:q} "
         "> {log} 2>&1"

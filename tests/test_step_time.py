@@ -100,3 +100,74 @@ def test_a_calibration_without_the_curves_is_refused_by_name():
     with pytest.raises(ValueError, match="matmul_bf16, sdpa_bf16"):
         st.Rates.of(old)
     assert math.isinf(st.comm_seconds(gpt2_run(layout={"dp": 4}), st.Rates((), (), 1.0, 1.0), 0.0)[0]) is False
+
+
+def test_a_simulated_network_places_each_group_by_the_mesh_and_times_it_on_its_slower_link():
+    from workflow_scripts.plan.fabric import Fabric
+
+    f = Fabric(gpus_per_node=8, intra_node_busbw_gbs=400.0, inter_node_gbs=50.0, intra_node_latency_us=0.0,
+               inter_node_latency_us=0.0)
+    assert f.ranks_per_node({"dp": 16}, ("dp", "cp")) == 8
+    assert f.ranks_per_node({"dp": 2, "tp": 8}, ("dp", "cp")) == 1  # tp fills the node: one dp peer per node
+    assert f.ranks_per_node({"dp": 4, "tp": 2}, ("dp", "cp")) == 4 and f.ranks_per_node({"tp": 8}, ("tp",)) == 8
+    assert f.busbw(16, 8, 1e9) == pytest.approx(400.0)  # eight NICs of a node: min(400, 8 x 50)
+    assert f.busbw(2, 1, 1e9) == pytest.approx(50.0)  # one NIC
+    assert f.busbw(4, 4, 1e9, calibrated=300.0) == 300.0 and f.busbw(4, 4, 1e9) == pytest.approx(400.0)
+    slow = Fabric(gpus_per_node=1, intra_node_busbw_gbs=400.0, inter_node_gbs=50.0, intra_node_latency_us=0.0,
+                  inter_node_latency_us=10.0)
+    # 16 nodes: 2 log2(16) = 8 tree levels of 10 us beside 1 MB at 50 GB/s (20 us): 1 MB per 100 us
+    assert slow.busbw(16, 1, 1e6) == pytest.approx(10.0)
+    run = gpt2_run(family="deepspeed", zero_stage=0, strategy="zero0", layout={"dp": 16})
+    grads = 100_000 * 4
+    assert st.comm_seconds(run, flat_rates(), 0.0, f)[0] == pytest.approx(grads * 2 * 15 / 16 / 400e9)
+    four = Fabric(gpus_per_node=4, intra_node_busbw_gbs=400.0, inter_node_gbs=50.0, intra_node_latency_us=0.0,
+                  inter_node_latency_us=0.0)
+    assert st.comm_seconds(run, flat_rates(), 0.0, four)[0] == pytest.approx(grads * 2 * 15 / 16 / 200e9)
+
+
+def test_sequence_and_expert_layouts_pay_their_all_to_alls():
+    # Ulysses over 2 ranks: q, k, v and the output (2d + 2kv per token, bf16) all-to-all'd forward and backward,
+    # half of each rank's buffer leaving it; plus the gradients' all-reduce over dp x cp
+    run = gpt2_run(layout={"dp": 1, "cp": 2})
+    qkvo = 16 * (2 * 64 + 2 * 64) * 2
+    ring = 100_000 * 4 * 2 * (2 - 1) / 2 / 100e9
+    assert st.comm_seconds(run, flat_rates(), 0.0)[0] == pytest.approx(ring + 2 * qkvo / 2 / 100e9)
+    moe = mm.Shape("qwen2_moe", n_params=100_000, n_layer=1, d=64, ffn=256, kv=32, head_dim=16, vocab=1000,
+                   experts=4, top_k=2, expert_ffn=64)
+    ep = gpt2_run(shape=moe, family="fsdp", zero_stage=3, strategy="fsdp", layout={"dp": 2, "ep": 2})
+    dense = gpt2_run(shape=moe, family="fsdp", zero_stage=3, strategy="fsdp", layout={"dp": 2})
+    routed = 32 * 2 * 64 * 2  # tokens x top-k x d x 2 bytes, dispatched and combined forward and backward
+    extra = st.comm_seconds(ep, flat_rates(), 0.0)[0] - st.comm_seconds(dense, flat_rates(), 0.0)[0]
+    assert extra == pytest.approx(4 * routed / 2 / 100e9)
+
+
+def test_the_scale_simulation_keeps_what_the_dimensions_accept_and_slows_with_the_network():
+    from pathlib import Path
+
+    from workflow_scripts.plan import scale
+    from workflow_scripts.plan.fabric import Fabric
+    from workflow_scripts.training.strategies import STRATEGIES
+
+    fast = Fabric(gpus_per_node=8, intra_node_busbw_gbs=360.0, inter_node_gbs=45.0)
+    keys = {layout.key for layout in scale.layouts("qwen2.5-3b", STRATEGIES["fsdp"], 8, fast, {"grad_accum": 4}, 1024)}
+    assert {"ws8", "dp4-tp2", "dp4-pp2", "dp4-cp2", "dp2-pp2-tp2"} <= keys
+    assert "dp2-tp4" not in keys  # the shape's 2 KV heads
+    assert not any("pp" in k and "cp" in k for k in keys)  # cp and pp do not compose yet
+    assert not any("ep" in k for k in keys)  # a dense model
+    assert {layout.key for layout in scale.layouts("gpt2-medium", STRATEGIES["zero2"], 8, fast, {}, 1024)} == {"ws8"}
+    config = {"plan": {"gpu_memory_gib": 80, "headroom_gib": 2, "models": ["gpt2-medium"], "strategies": ["ddp"],
+                       "micro_batches": [4], "precision": None, "seq_len": None, "vocab": 50304, "scale": {"gpus": [8, 64]}},
+              "train": {"precision": "bf16-mixed", "grad_accum": 1, "gradient_checkpointing": False,
+                        "compile_blocks": True, "compile_loss": True, "vocab_multiple": 64, "embedding_rows": None},
+              "platform": "cuda", "data": {"block_size": 1024}, "tokenizer": {"kind": "hub"}, "model_overrides": {},
+              "strategy_options": {}}
+    rates = st.Rates.load(Path(__file__).parents[1] / "results/calibration/h100/calibration.json")
+    slow = Fabric(gpus_per_node=8, intra_node_busbw_gbs=360.0, inter_node_gbs=0.5)
+
+    def speed(fabric):
+        frame = scale.candidates(config, rates, fabric)
+        return frame[frame["layout"].str.startswith("ws")].set_index("gpus")["predicted_tokens_per_s_per_gpu"]
+
+    quick, crawl = speed(fast), speed(slow)
+    assert quick[8] == pytest.approx(crawl[8])  # one node: the network between nodes plays no part
+    assert crawl[64] < 0.5 * quick[64]  # 8 nodes on a slow link: the all-reduce is exposed

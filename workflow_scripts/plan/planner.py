@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -22,9 +23,9 @@ import pandas as pd
 from workflow_scripts import study
 from workflow_scripts.plan.predict import predict
 from workflow_scripts.training import levers
+from workflow_scripts.training.layout import MESH_ORDER
 from workflow_scripts.training.models import MODELS, embedding_rows
 from workflow_scripts.units import GIB
-
 
 
 class PlanError(ValueError):
@@ -46,12 +47,16 @@ def usable_bytes(plan: dict) -> float:
     return (plan["gpu_memory_gib"] - plan["headroom_gib"]) * GIB
 
 
-def compiled(config: dict, gpus: int, model: str, micro_batch: int, seq_len: int) -> bool:
+def resolved_train(config: dict, model: str, layout: dict, micro_batch: int, seq_len: int) -> dict:
+    """The candidate's train settings with `auto` levers resolved as its run spec would (training/levers.py)."""
+    return levers.resolve(config["train"], config["platform"], layout, MODELS[model].family,
+                          study.block_flops(config, model, micro_batch, layout, seq_len))
+
+
+def compiled(config: dict, layout: dict, model: str, micro_batch: int, seq_len: int) -> bool:
     """Whether the run compiles (train.compile_blocks / compile_loss, `auto` resolved as a run spec does)."""
-    family = MODELS[model].family
-    t = levers.resolve(config["train"], config["platform"], {"dp": gpus}, family,
-                       study.block_flops(config, model, micro_batch, {}, seq_len))
-    return levers.compiles(t, family, {"dp": gpus})
+    t = resolved_train(config, model, layout, micro_batch, seq_len)
+    return levers.compiles(t, MODELS[model].family, layout)
 
 
 def split(strategy: str, config: dict, micro_batch: int) -> tuple[int, int]:
@@ -76,29 +81,32 @@ def step_rates(plan: dict):
         raise PlanError(f"plan.calibration: {exc}") from None
 
 
-def throughput(config: dict, rates, cell: dict, vocab: int, seq_len: int) -> dict:
-    """A candidate's predicted step (plan/step_time.py): tokens/s per GPU, MFU and what bounds it."""
+def throughput(config: dict, rates, cell: dict, vocab: int, seq_len: int, fabric=None) -> dict:
+    """A candidate's predicted step (plan/step_time.py; on a simulated network: plan/fabric.py): tokens/s per GPU,
+    MFU and what bounds it. `cell`: model, strategy, micro_batch, precision, and layout (or gpus: data parallel)."""
     if rates is None:
         return {}
     from workflow_scripts.measure.metrics import mfu
     from workflow_scripts.plan import step_time
     from workflow_scripts.training.models import model_flops_per_token
 
-    model, strategy, gpus = cell["model"], cell["strategy"], cell["gpus"]
-    micro, accum = split(strategy, config, cell["micro_batch"])
-    train = levers.resolve(config["train"], config["platform"], {"dp": gpus}, MODELS[model].family,
-                           study.block_flops(config, model, micro, {}, seq_len))
-    run = step_time.run_for(model=model, strategy=strategy, precision=cell["precision"], layout={"dp": gpus},
-                            micro_batch=micro, accum=accum, seq_len=seq_len, vocab=vocab, train=train,
+    model, strategy = cell["model"], cell["strategy"]
+    layout = cell.get("layout") or {"dp": cell["gpus"]}
+    micro, accum = cell.get("split") or split(strategy, config, cell["micro_batch"])
+    run = step_time.run_for(model=model, strategy=strategy, precision=cell["precision"], layout=layout,
+                            micro_batch=micro, accum=accum, seq_len=seq_len, vocab=vocab,
+                            train=resolved_train(config, model, layout, micro, seq_len),
                             options=config["strategy_options"].get(strategy, {}),
                             overrides=config["model_overrides"].get(model))
     if why := step_time.not_modelled(run):
         return {"step_note": why}
-    p = step_time.predict(run, rates)
-    per_gpu = micro * accum * seq_len / p.step_s
+    p = step_time.predict(run, rates, fabric)
+    world = math.prod(layout.get(k, 1) for k in MESH_ORDER)
+    per_gpu = micro * accum * seq_len * layout.get("dp", 1) / world / p.step_s  # the dp replicas' samples
     flops = model_flops_per_token(model, run.shape.n_params, seq_len, run.trainable)
     return {"predicted_step_s": p.step_s, "predicted_tokens_per_s_per_gpu": per_gpu,
-            "predicted_mfu": mfu(flops, per_gpu, 1, rates.device), "bound": p.bound, "levers": run.levers}
+            "predicted_mfu": mfu(flops, per_gpu, 1, rates.device), "bound": p.bound, "levers": run.levers,
+            "comm_share": p.parts["comm"] / p.step_s, "step_notes": "; ".join(p.notes)}
 
 
 def rows(config: dict) -> pd.DataFrame:
@@ -122,7 +130,7 @@ def rows(config: dict) -> pd.DataFrame:
                                 vocab=vocab, overrides=config["model_overrides"].get(model),
                                 options=config["strategy_options"].get(strategy, {}),
                                 checkpointing=bool(train["gradient_checkpointing"]),
-                                compiled=compiled(config, n, model, micro, seq_len))
+                                compiled=compiled(config, {"dp": n}, model, micro, seq_len))
                     total, device = (p.total, p.device) if p.modelled else (None, None)
                     cell = {"model": model, "strategy": strategy, "gpus": n, "micro_batch": mb,
                             "precision": precision}

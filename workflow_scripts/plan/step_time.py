@@ -155,6 +155,9 @@ class Run:
     deterministic: bool = False
     grad_bytes: int = 4  # bytes of one communicated gradient (fp32; bf16 under bf16-pure)
     bucket: float = DDP_BUCKET
+    # checkpointing per op, as torchtitan's selective activation checkpointing: every other matmul and the ops
+    # outside the matmuls recomputed, attention kept (a run here recomputes its blocks whole)
+    selective: bool = False
 
 
 @dataclass
@@ -203,7 +206,7 @@ def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
         forward = flops / (interpolate(rates.matmul, (m, k, n)) * 1e12)
         grad_input = flops / (interpolate(rates.matmul, (m, n, k)) * 1e12)
         grad_weight = flops / (interpolate(rates.matmul, (k, m, n)) * 1e12) if trains_weights else 0.0
-        again = forward if run.checkpointing and count > 0 else 0.0
+        again = forward * (0.5 if run.selective else 1.0) if run.checkpointing and count > 0 else 0.0
         total += times * (forward + grad_input + grad_weight + again)
     return total
 
@@ -213,7 +216,7 @@ def attention_seconds(run: Run, rates: Rates, samples: int) -> float:
     heads = s.d // s.head_dim // degree(run, "tp")
     seq = run.tokens
     flops = 3.5 * 4 * samples * heads * seq * seq * s.head_dim / 2 / degree(run, "cp")
-    if run.checkpointing:
+    if run.checkpointing and not run.selective:
         flops *= 4.5 / 3.5
     return s.n_layer / degree(run, "pp") * flops / (interpolate(rates.sdpa, (seq, s.head_dim)) * 1e12)
 
@@ -260,35 +263,80 @@ def host_seconds(run: Run, rates: Rates) -> float:
     return (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
 
 
-def comm_seconds(run: Run, rates: Rates, backward_s: float) -> tuple[float, list]:
+COLLECTIVE_RATE = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "all_gather",
+                   "all_to_all": "all_gather", "send": "all_gather"}  # the calibrated curve each is timed at
+MOVED = {"all_reduce": lambda r: 2 * (r - 1) / r, "all_gather": lambda r: (r - 1) / r,
+         "reduce_scatter": lambda r: (r - 1) / r, "all_to_all": lambda r: (r - 1) / r,
+         "send": lambda r: 1.0}  # bytes one rank moves per byte of its buffer
+
+
+class Collectives:
+    """Seconds of one rank's collectives over a group of the layout's dimensions: at the calibrated bus bandwidth
+    (the nearest rank count measured, on one node), or on a simulated network (plan/fabric.py)."""
+
+    def __init__(self, run: Run, rates: Rates, fabric=None):
+        self.run, self.rates, self.fabric, self.notes = run, rates, fabric, []
+
+    def ranks(self, dims: tuple) -> int:
+        return math.prod(degree(self.run, d) for d in dims)
+
+    def seconds(self, kind: str, nbytes: float, message: float, dims: tuple, ranks: int | None = None) -> float:
+        ranks = ranks or self.ranks(dims)
+        if ranks <= 1 or nbytes <= 0:
+            return 0.0
+        rate = COLLECTIVE_RATE[kind]
+        if self.fabric is None:
+            bw = busbw(self.rates, rate, ranks, message)
+            if bw is not None and (rate, ranks) not in self.rates.busbw:
+                self.note(f"no {ranks}-rank {rate} bus bandwidth calibrated: the nearest rank count's")
+        else:
+            exact = self.rates.busbw.get((rate, ranks))
+            bw = self.fabric.busbw(ranks, self.fabric.ranks_per_node(self.run.layout, dims, ranks), message,
+                                   interpolate(exact, (message,)) if exact else None)
+        if kind != rate:
+            self.note(f"{kind} at the {rate} bus bandwidth")
+        return nbytes * MOVED[kind](ranks) / ((bw or math.inf) * GB)
+
+    def note(self, text: str):
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+def comm_seconds(run: Run, rates: Rates, backward_s: float, fabric=None) -> tuple[float, list]:
     """The exposed seconds of the strategy's and the layout's collectives, and notes on what was assumed."""
-    notes = []
-    dp = degree(run, "dp") * degree(run, "cp")
-    total = 0.0
+    c = Collectives(run, rates, fabric)
+    dp_dims = ("dp", "cp")
+    s, layers = run.shape, run.shape.n_layer / degree(run, "pp")
     p = run.trainable / (degree(run, "pp") * degree(run, "tp"))
-    if dp > 1:
-        grads = p * run.grad_bytes
-        ar = lambda b, m: b * 2 * (dp - 1) / dp / ((busbw(rates, "all_reduce", dp, m) or math.inf) * GB)  # noqa
-        ag = lambda b, m: b * (dp - 1) / dp / ((busbw(rates, "all_gather", dp, m) or math.inf) * GB)  # noqa
-        if not any(k == dp for _, k in rates.busbw):
-            notes.append(f"no {dp}-rank bus bandwidth calibrated: the nearest rank count's")
+    grads, total = p * run.grad_bytes, 0.0
+    if c.ranks(dp_dims) > 1:
         if run.family == "ddp":  # buckets all-reduced as the backward of the last micro-batch produces them
-            t = ar(grads, run.bucket)
+            t = c.seconds("all_reduce", grads, run.bucket, dp_dims)
             total += max(t - backward_s / run.accum, t * min(1.0, run.bucket / max(grads, 1.0)))
         elif run.zero_stage == 0:
-            total += ar(grads, 5e8)
-        elif run.zero_stage in (1, 2):
-            total += ag(grads, 5e8) + ag(p * 2, 5e8)  # reduce-scatter of gradients, all-gather of parameters
+            total += c.seconds("all_reduce", grads, 5e8, dp_dims)
+        elif run.zero_stage in (1, 2):  # reduce-scatter of gradients, all-gather of parameters
+            total += c.seconds("reduce_scatter", grads, 5e8, dp_dims) + c.seconds("all_gather", p * 2, 5e8, dp_dims)
         else:  # ZeRO-3 / FSDP: parameters gathered forward and backward, gradients reduce-scattered, prefetched
-            layer = p / max(1, run.shape.n_layer)
-            t = ag(2 * p * 2, layer * 2) + ag(grads, layer * run.grad_bytes)
-            total += max(t - backward_s * 1.5, t / max(1, run.shape.n_layer))
-    tp = degree(run, "tp")
-    if tp > 1:
-        activations = run.micro_batch * run.tokens * run.shape.d * 2 / degree(run, "cp")
-        total += run.accum * 4 * run.shape.n_layer / degree(run, "pp") * (
-            activations * 2 * (tp - 1) / tp / ((busbw(rates, "all_reduce", tp, activations) or math.inf) * GB))
-    return total, notes
+            layer = p / max(1, s.n_layer)
+            t = (c.seconds("all_gather", 2 * p * 2, layer * 2, dp_dims)
+                 + c.seconds("reduce_scatter", grads, layer * run.grad_bytes, dp_dims))
+            total += max(t - backward_s * 1.5, t / max(1, s.n_layer))
+    tokens = run.micro_batch * run.tokens / degree(run, "cp")  # of one micro-batch on this rank
+    if degree(run, "tp") > 1:  # two all-reduces of the activations per layer forward, two backward
+        act = tokens * s.d * 2
+        total += run.accum * 4 * layers * c.seconds("all_reduce", act, act, ("tp",))
+    if degree(run, "cp") > 1:  # Ulysses: q, k, v and the output all-to-all'd forward, their gradients backward
+        qkvo = tokens * (2 * s.d + 2 * s.kv) * 2 / degree(run, "tp")
+        total += run.accum * 2 * layers * c.seconds("all_to_all", qkvo, qkvo / degree(run, "cp"), ("cp",))
+    if degree(run, "ep") > 1:  # tokens dispatched to their experts and combined back, forward and backward
+        routed = tokens * max(1, s.top_k) * s.d * 2
+        total += run.accum * 4 * layers * c.seconds("all_to_all", routed, routed / degree(run, "ep"), dp_dims,
+                                                    ranks=degree(run, "ep"))
+    if degree(run, "pp") > 1:  # one stage's activations and their gradient to the next stage, per micro-batch
+        act = tokens * s.d * 2
+        total += run.accum * 2 * c.seconds("send", act, act, ("pp",), ranks=2)
+    return total, c.notes
 
 
 def not_modelled(run: Run) -> str | None:
@@ -300,7 +348,8 @@ def not_modelled(run: Run) -> str | None:
     return None
 
 
-def predict(run: Run, rates: Rates) -> Prediction:
+def predict(run: Run, rates: Rates, fabric=None) -> Prediction:
+    """The step of `run` on the machine of `rates` (and, simulated, on the network `fabric`: plan/fabric.py)."""
     tokens = run.micro_batch * run.tokens // degree(run, "cp")
     per_micro = {"gemm": gemm_seconds(run, rates, tokens), "attention": attention_seconds(run, rates, run.micro_batch),
                  "memory": memory_seconds(run, rates, tokens)}
@@ -308,7 +357,7 @@ def predict(run: Run, rates: Rates) -> Prediction:
     parts["optimizer"], offload = optimizer_seconds(run, rates)
     parts["host"] = host_seconds(run, rates)
     backward = (parts["gemm"] + parts["attention"]) * 2 / 3
-    parts["comm"], notes = comm_seconds(run, rates, backward)
+    parts["comm"], notes = comm_seconds(run, rates, backward, fabric)
     device = parts["gemm"] + parts["attention"] + parts["memory"] + parts["optimizer"]
     step = (device ** OVERLAP + parts["host"] ** OVERLAP) ** (1 / OVERLAP) + parts["comm"] + offload
     pp = degree(run, "pp")
@@ -324,15 +373,6 @@ def predict(run: Run, rates: Rates) -> Prediction:
     return Prediction(step, parts, bound, notes)
 
 
-def levers_of(train: dict, applied: dict | None) -> tuple[str, bool]:
-    """(eager | blocks | model | graphs, compiled loss) from what the run applied (strategy_settings.json's
-    `harness`) or, before it runs, its resolved train settings."""
-    t = applied or train
-    if t.get("compile_model") not in (None, False):  # what ran records a description of the compiled module
-        return ("graphs" if t.get("compile_mode") == "reduce-overhead" else "model"), t.get("compile_loss") is True
-    return ("blocks" if t.get("compile_blocks") is True else "eager"), t.get("compile_loss") is True
-
-
 def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_batch: int, accum: int, seq_len: int,
             vocab: int, train: dict, options: dict | None = None, overrides: dict | None = None,
             n_params: int | None = None, trainable: int | None = None, applied: dict | None = None) -> Run:
@@ -341,6 +381,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     import json
 
     from workflow_scripts.plan.predict import count_params, offloads, shape, tokens_per_sample
+    from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
     from workflow_scripts.training.strategies import STRATEGIES
 
@@ -351,7 +392,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
         n_params, trainable = n_params or counted[0], trainable if trainable is not None else counted[1]
     s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
     engine = STRATEGIES[strategy]
-    levers, loss = levers_of(train, (applied or {}).get("harness"))
+    levers, loss = lever_set(train, (applied or {}).get("harness"))
     options = options or {}
     return Run(shape=s, family=engine.family, zero_stage=engine.zero_stage, strategy=strategy,
                micro_batch=int(micro_batch), accum=int(accum), tokens=tokens,

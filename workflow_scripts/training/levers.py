@@ -126,6 +126,16 @@ def apply_trial(train: dict) -> dict:
     return {**out, **trial["chosen_train"], "compile_auto": trial["why"]}
 
 
+def lever_set(train: dict, applied: dict | None) -> tuple[str, bool]:
+    """The lever set a run used, (eager | blocks | model | graphs, compiled loss), from what it applied
+    (strategy_settings.json's `harness`) or, before it runs, its resolved train settings (the step-time model's
+    constants are per lever set: plan/step_time.py)."""
+    t = applied or train
+    if t.get("compile_model") not in (None, False):  # what ran records a description of the compiled module
+        return ("graphs" if t.get("compile_mode") == "reduce-overhead" else "model"), t.get("compile_loss") is True
+    return ("blocks" if t.get("compile_blocks") is True else "eager"), t.get("compile_loss") is True
+
+
 def compiles(train: dict, family: str, layout: dict | None) -> bool:
     """Whether a run's resolved settings compile anything: its blocks, or its loss where the loss is ours (not a
     ViT's classifier loss, not under cp, whose sequence-sharded loss stays eager: parallel/sequence.py)."""
