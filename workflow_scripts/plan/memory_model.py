@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from workflow_scripts.training.precision import policy
 from workflow_scripts.units import GIB
 
 
@@ -114,18 +115,10 @@ def loss_bytes_per_token(s: Shape, precision: str) -> float:
     return s.vocab * (12 if precision == "fp32" else 14) / s.loss_tokens
 
 
-STATE_BYTES = {"fp32": (4, 4, 8), "bf16-mixed": (4, 4, 8), "bf16-pure": (2, 4, 12)}  # as training.precision
-
-
 def state_bytes(family: str, precision: str) -> tuple[int, int, int]:
-    """Bytes per parameter of (parameters, gradients, optimizer states) as each engine keeps them. fp32 and
-    bf16-mixed: fp32 parameters and gradients, AdamW's two fp32 moments. bf16-pure: DeepSpeed's bf16 mode keeps
-    bf16 parameters and an fp32 master + moments (12) with fp32 gradient partitions; DDP keeps the bf16 module
-    (bf16 gradients) and an fp32 master + moments; FSDP2's bf16 MixedPrecisionPolicy keeps fp32 sharded parameters
-    (the master itself) with fp32 moments, bf16 only in the unsharded compute copy and its gradients."""
-    if precision != "bf16-pure":
-        return STATE_BYTES[precision]
-    return {"fsdp": (4, 2, 8), "ddp": (2, 2, 12)}.get(family, STATE_BYTES[precision])
+    """Bytes per parameter of (parameters, gradients, optimizer states) as the engine family keeps them
+    (training.precision: the policy's own rule)."""
+    return policy(precision).engine_state_bytes(family)
 
 
 FAMILIES = ("gpt2", "qwen2", "qwen2_moe", "vit")  # the families whose saved tensors are counted

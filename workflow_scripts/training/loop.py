@@ -351,7 +351,7 @@ def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memor
         # data ranks (dp x cp; expert shards too: ep x their copies); replicated experts (ddp family) not divided
         **M.model_state_bytes(run.n_params // (ctx.layout.pp * ctx.layout.tp), ctx.dp_size * ctx.layout.cp,
                               strategy.zero_stage,
-                              ctx.precision.state_bytes,
+                              ctx.precision.engine_state_bytes(strategy.family),
                               strategy.offload_optimizer(ctx), strategy.offload_params(ctx)),
         "compile_blocks": run.levers["compile_blocks"], "compile_loss": run.levers["compile_loss"],
         "compile_model": run.levers["compile_model"], "compile_mode": run.levers["compile_mode"],

@@ -20,8 +20,15 @@ class Precision:
     detail: str
     autocast_bf16: bool  # forward/backward under torch.autocast(bf16), parameters stay fp32
     bf16_params: bool  # module parameters (and gradients) in bf16, fp32 master weights in the optimizer
-    # bytes per parameter on the device before partitioning: (parameters, gradients, optimizer states)
+    # bytes per parameter on the device before partitioning, (parameters, gradients, optimizer states), in the
+    # ZeRO paper's accounting of the policy; `by_family`: where an engine family keeps them otherwise
     state_bytes: tuple[int, int, int]
+    by_family: tuple = ()
+
+    def engine_state_bytes(self, family: str) -> tuple[int, int, int]:
+        """Bytes per parameter of (parameters, gradients, optimizer states) as the engine family keeps them: the
+        one rule for the run's own prediction (training/loop.py) and the memory model (plan/memory_model.py)."""
+        return dict(self.by_family).get(family, self.state_bytes)
 
     @property
     def uses_bf16(self) -> bool:
@@ -53,9 +60,12 @@ POLICIES: dict[str, Precision] = {p.name: p for p in [
     Precision("fp32", "fp32 parameters, gradients, optimizer and compute", False, False, (4, 4, 8)),
     Precision("bf16-mixed", "fp32 parameters, gradients and optimizer; forward/backward compute under "
               "torch.autocast(bf16)", True, False, (4, 4, 8)),  # autocast stores nothing extra
-    # the ZeRO paper's mixed-precision Adam: bf16 p + g, fp32 master + m + v
+    # the ZeRO paper's mixed-precision Adam: bf16 p + g, fp32 master + m + v. DeepSpeed's bf16 mode keeps fp32
+    # gradient partitions; DDP the bf16 module (bf16 gradients) and an fp32 master + moments; FSDP2's bf16
+    # MixedPrecisionPolicy fp32 sharded parameters (the master itself) and fp32 moments, bf16 only in the unsharded
+    # compute copy and its gradients
     Precision("bf16-pure", "bf16 parameters and compute, fp32 master weights and optimizer states", False, True,
-              (2, 2, 12)),
+              (2, 2, 12), by_family=(("deepspeed", (2, 4, 12)), ("ddp", (2, 2, 12)), ("fsdp", (4, 2, 8)))),
 ]}
 
 
