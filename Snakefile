@@ -23,6 +23,7 @@ else:
     include: "rules/tokenize.smk"
 
 
+include: "rules/data_manifests.smk"
 include: "rules/calibrate.smk"
 include: "rules/train.smk"
 include: "rules/parse.smk"

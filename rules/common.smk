@@ -33,12 +33,10 @@ W = config["work_dir"]
 PLATFORM = config["platform"]
 RUN = f"{R}/{columns.RUN_DIR}"  # layout: ws2, dp2-pp2-tp2, ...
 PROFILE = bool(config["profile"]["enabled"])
-# the training data every run reads: token blocks (rule tokenize) or image rows (rule images), same places
-DATA = {
-    "train": f"{W}/data/train.npy",
-    "val": f"{W}/data/val.npy",
-    "manifest": f"{R}/{columns.TOKENS_MANIFEST}",
-}
+# the prepared data: one folder per data setting, shared by studies and overlays (study.data_dir); every run
+# reads token blocks (rule tokenize) or image rows (rule images) from it, and the manifest copied into the results
+D = study.data_dir(config)
+DATA = study.data_paths(config)
 # a run's raw profiler traces (config profile): study.trace_dir names the same directory in the run's spec
 TRACES = study.trace_dir(config, "{model}", "{strategy}", "{layout}", "{repeat}")
 try:  # the image of every job under --use-apptainer; a missing one is an error now, not at the first job

@@ -1,10 +1,10 @@
 # Stage 1: text from the configured source -> normalised JSONL + manifest (source, documents, bytes, sha256).
 rule corpus:
     output:
-        jsonl=f"{W}/data/corpus.jsonl",
-        manifest=f"{R}/data/corpus_manifest.json",
+        jsonl=f"{D}/corpus.jsonl",
+        manifest=f"{D}/corpus_manifest.json",
     log:
-        f"{R}/logs/corpus.log",
+        f"{D}/logs/corpus.log",
     container:
         IMAGE
     params:

@@ -2,11 +2,11 @@
 # places the token blocks take for text (workflow_scripts/data/images.py).
 rule images:
     output:
-        train=f"{W}/data/train.npy",
-        val=f"{W}/data/val.npy",
-        manifest=f"{R}/data/tokens_manifest.json",
+        train=f"{D}/train.npy",
+        val=f"{D}/val.npy",
+        manifest=f"{D}/tokens_manifest.json",
     log:
-        f"{R}/logs/images.log",
+        f"{D}/logs/images.log",
     container:
         IMAGE
     params:

@@ -4,11 +4,11 @@ rule tokenize:
         corpus=rules.corpus.output.jsonl,
         tokenizer=rules.tokenizer.output[0],
     output:
-        train=f"{W}/data/train.npy",
-        val=f"{W}/data/val.npy",
-        manifest=f"{R}/data/tokens_manifest.json",
+        train=f"{D}/train.npy",
+        val=f"{D}/val.npy",
+        manifest=f"{D}/tokens_manifest.json",
     log:
-        f"{R}/logs/tokenize.log",
+        f"{D}/logs/tokenize.log",
     container:
         IMAGE
     threads: 16  # capped by --cores

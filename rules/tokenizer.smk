@@ -3,9 +3,9 @@ rule tokenizer:
     input:
         corpus=rules.corpus.output.jsonl,
     output:
-        directory(f"{W}/tokenizer"),
+        directory(f"{D}/tokenizer"),
     log:
-        f"{R}/logs/tokenizer.log",
+        f"{D}/logs/tokenizer.log",
     container:
         IMAGE
     params:

@@ -109,3 +109,17 @@ def test_figure_only_edit_reruns_only_figures(default_study):
     args = overlay(default_study, "tables", tables={"extra_decimals": 1})
     jobs = _planned(snakemake(default_study, *args, "-n", "--quiet", "rules"))
     assert jobs.get("summary_table") == 1 and "train" not in jobs and "figures" not in jobs, jobs
+
+
+def test_studies_with_the_same_data_settings_share_the_prepared_data(default_study):
+    """Prepared data is keyed by its settings (study.data_dir): another study with the same corpus, tokenizer and
+    data sections only copies the manifests into its results; another block size prepares its own folder and never
+    touches the first."""
+    wd = default_study
+    same = _planned(snakemake(wd, *overlay(wd, "same_data", results_dir="results/same", work_dir="work/same"),
+                              "-n", "--quiet", "rules"))
+    assert same.get("data_manifests") == 1 and not {"corpus", "tokenizer", "tokenize"} & set(same), same
+    other = _planned(snakemake(wd, *overlay(wd, "other_data", results_dir="results/other", data={"block_size": 64}),
+                               "-n", "--quiet", "rules"))
+    assert other.get("tokenize") == 1 and other.get("corpus") == 1, other
+    assert len(list((wd / "work/data").iterdir())) == 1  # planned only: the default study's folder alone

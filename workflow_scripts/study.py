@@ -7,6 +7,8 @@ Layouts (training/layout.py): every entry of `world_sizes` is a pure data-parall
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import replace
 
 from workflow_scripts import columns as C
@@ -87,13 +89,32 @@ def all_names(config: dict, field: str) -> list:
     return seen
 
 
+# the config sections that decide the prepared data, per data kind (data_dir: one folder per value of them)
+DATA_SETTINGS = {"text": ("corpus", "tokenizer", "data"), "images": ("images", "data")}
+DATA_MANIFESTS = {"text": ("corpus_manifest.json", "tokens_manifest.json"), "images": ("tokens_manifest.json",)}
+
+
+def data_dir(config: dict) -> str:
+    """Where the study's prepared data lives (corpus, tokenizer and token blocks, or image rows, with their
+    manifests): one folder per data setting under config `data_dir`, named by a hash of the sections that decide
+    it, so every study and overlay asking for the same data shares one copy and another setting never overwrites it."""
+    kind = config["data"]["kind"]
+    settings = json.dumps({k: config.get(k) for k in DATA_SETTINGS[kind]}, sort_keys=True, default=str)
+    return f"{config['data_dir']}/{kind}-{hashlib.sha256(settings.encode()).hexdigest()[:12]}"
+
+
+def data_paths(config: dict) -> dict:
+    """The data every run reads: the blocks in data_dir, the manifest as copied into the study's results."""
+    d = data_dir(config)
+    return {"train": f"{d}/train.npy", "val": f"{d}/val.npy", "manifest": f"{config['results_dir']}/{C.TOKENS_MANIFEST}"}
+
+
 def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repeat: int, overrides: dict,
              out_dir: str, work_dir: str, ops: list, measured: bool = False) -> dict:
     """Everything one training run depends on (and nothing else: editing figures never reruns training).
     `layout`: the run's layout (an int: pure data parallel over that many ranks); `overrides`: the run's group
     train settings (and a benchmark variant's levers) over the top-level train; `measured`: a study run whose
     `auto` levers the lever trial decides where config auto_levers.by says measurement (the rule otherwise)."""
-    R, W = config["results_dir"], config["work_dir"]
     if not isinstance(layout, Layout):
         layout = Layout.data_parallel(layout)
     spec = {
@@ -113,8 +134,7 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
         "model_overrides": config["model_overrides"].get(model, {}),
         "sampler": config["sampler"],
         "substitutions": config["substitutions"],
-        "data": {"train": f"{W}/data/train.npy", "val": f"{W}/data/val.npy",
-                 "manifest": f"{R}/{C.TOKENS_MANIFEST}"},
+        "data": data_paths(config),
         "ops": list(ops),
         "out_dir": out_dir,
         "work_dir": work_dir,

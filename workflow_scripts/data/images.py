@@ -1,7 +1,7 @@
 """Stage 1-3 for image studies: labelled images -> resized, fixed-size uint8 rows the trainer memory-maps.
 
     python -m workflow_scripts.data.images --params '<config images as JSON>' --val-fraction 0.05 \\
-        --train work/<s>/data/train.npy --val work/<s>/data/val.npy --manifest results/<s>/data/tokens_manifest.json
+        --train work/data/<key>/train.npy --val work/data/<key>/val.npy --manifest work/data/<key>/tokens_manifest.json
 
 Sources (config `images.source`):
 - hub: `datasets.load_dataset(path, name, split)` (CIFAR-100: `cifar100`, fields img / fine_label; Food-101:
