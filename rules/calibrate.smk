@@ -30,7 +30,8 @@ rule calibrate:
 
 rule calibration_figure:
     input:
-        rules.calibrate.output.json,
+        json=rules.calibrate.output.json,
+        code=stage_code("report.calibration", "report.figures"),
     output:
         png=report(
             f"{R}/figures/calibration.png",
@@ -45,5 +46,5 @@ rule calibration_figure:
     params:
         style=json.dumps(config["figures"], sort_keys=True),
     shell:
-        "python3 -m workflow_scripts.report.calibration --calibration {input} --style {params.style:q} "
+        "python3 -m workflow_scripts.report.calibration --calibration {input.json} --style {params.style:q} "
         "--figure {output.png} > {log} 2>&1"

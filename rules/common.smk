@@ -107,6 +107,16 @@ def all_outputs():
     )
 
 
+def stage_code(*modules):
+    """A report stage's own modules (dotted, under workflow_scripts) as inputs of its rule: an edit to one reruns
+    that stage's tables or figures, which Snakemake's code trigger cannot see behind a shell command. Training
+    rules never list code: editing a module must not rerun a run."""
+    return [
+        os.path.join(workflow.basedir, "workflow_scripts", *m.split(".")) + ".py"
+        for m in modules
+    ]
+
+
 def ops_for(wildcards):
     from workflow_scripts.training.build_ops import needed_ops
 

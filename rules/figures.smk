@@ -5,6 +5,7 @@
 rule summary_table:
     input:
         runs=rules.parse.output.runs,
+        code=stage_code("report.tables", "report.stats"),
     output:
         md=report(
             f"{R}/tables/summary.md",
@@ -35,6 +36,7 @@ rule figures:
         runs=rules.parse.output.runs,
         steps=rules.parse.output.steps,
         vram=rules.parse.output.vram,
+        code=stage_code("report.figures", "report.tables", "report.stats"),
     output:
         png=[
             report(

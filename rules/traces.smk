@@ -21,7 +21,8 @@ rule analyse_traces:
 
 rule trace_report:
     input:
-        [f"{d}/traces/analysis.json" for d in run_dirs()],
+        analyses=[f"{d}/traces/analysis.json" for d in run_dirs()],
+        code=stage_code("report.traces", "report.figures"),
     output:
         table=f"{R}/tables/traces.csv",
         kernels=f"{R}/tables/traces_kernels.csv",
@@ -37,5 +38,5 @@ rule trace_report:
     container:
         IMAGE
     shell:
-        "python3 -m workflow_scripts.report.traces report --analyses {input} --table {output.table} "
+        "python3 -m workflow_scripts.report.traces report --analyses {input.analyses} --table {output.table} "
         "--figure {output.png} > {log} 2>&1"

@@ -111,6 +111,22 @@ def test_figure_only_edit_reruns_only_figures(default_study):
     assert jobs.get("summary_table") == 1 and "train" not in jobs and "figures" not in jobs, jobs
 
 
+def test_editing_a_report_module_reruns_its_stage_only(default_study):
+    """A report stage's modules are inputs of its rule (common.smk stage_code): an edit to the figures module
+    reruns the figures (and the calibration figure, which draws with its style), never parse or a training job."""
+    import os
+
+    module = default_study / "workflow_scripts/report/figures.py"
+    kept = module.stat()
+    os.utime(module, (kept.st_atime, kept.st_mtime + 3600))
+    try:
+        jobs = _planned(snakemake(default_study, "-n", "--quiet", "rules"))
+    finally:
+        os.utime(module, (kept.st_atime, kept.st_mtime))
+    assert jobs.get("figures") == 1 and jobs.get("calibration_figure") == 1, jobs
+    assert not {"train", "parse", "summary_table", "tokenize"} & set(jobs), jobs
+
+
 def test_studies_with_the_same_data_settings_share_the_prepared_data(default_study):
     """Prepared data is keyed by its settings (study.data_dir): another study with the same corpus, tokenizer and
     data sections only copies the manifests into its results; another block size prepares its own folder and never
