@@ -27,12 +27,11 @@ def _flat(summary: dict) -> dict:
     return {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in summary.items()}
 
 
-def retimed(summary: dict, run_dir: Path) -> dict:
+def retimed(summary: dict, spec: dict, run_dir: Path) -> dict:
     """Time, throughput and MFU recomputed from the per-step rows with the one shared rule
     (metrics.timing), so every run of a table is measured the same way."""
     if summary.get("status") != C.OK:
         return summary
-    spec = json.loads((run_dir / C.RUN_SPEC).read_text())
     rows = pd.read_csv(run_dir / C.METRICS).to_dict("records")
     return {**summary, **timing(rows, summary["steps_per_epoch"], summary["world_size"],
                                 summary["flops_per_token"], summary["device_name"],
@@ -40,7 +39,10 @@ def retimed(summary: dict, run_dir: Path) -> dict:
 
 
 def run_row(run_dir: Path, tables_dir: Path, rates=None) -> dict:
-    summary = retimed(json.loads((run_dir / C.SUMMARY).read_text()), run_dir)
+    spec = json.loads((run_dir / C.RUN_SPEC).read_text())
+    # the exact engine settings the run wrote (none where it stopped before building its engine)
+    settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
+    summary = retimed(json.loads((run_dir / C.SUMMARY).read_text()), spec, run_dir)
     strategy = STRATEGIES.get(summary["strategy"])
     row = _flat(summary)
     row["layout"] = C.layout_key(row.get("layout"), summary["world_size"])
@@ -49,10 +51,10 @@ def run_row(run_dir: Path, tables_dir: Path, rates=None) -> dict:
     row["provenance"] = os.path.relpath(run_dir / C.PROVENANCE, tables_dir)
     row["settings"] = os.path.relpath(run_dir / C.SETTINGS, tables_dir)
     row["run_dir"] = os.path.relpath(run_dir, tables_dir)
-    return row | predicted_peak(summary, run_dir) | predicted_step(summary, run_dir, rates)
+    return row | predicted_peak(summary, spec, settings) | predicted_step(summary, spec, settings, rates)
 
 
-def predicted_peak(summary: dict, run_dir: Path) -> dict:
+def predicted_peak(summary: dict, spec: dict, settings: dict | None) -> dict:
     """The analytic whole-peak prediction of an ok run (workflow_scripts/plan): torch-allocated and device-wide,
     or why there is none."""
     if summary.get("status") != C.OK or summary.get("platform") == "cpu":
@@ -60,8 +62,7 @@ def predicted_peak(summary: dict, run_dir: Path) -> dict:
                 "predicted_peak_note": "no GPU peak to predict"}
     from workflow_scripts.plan.predict import predict_run
 
-    settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
-    p = predict_run(json.loads((run_dir / C.RUN_SPEC).read_text()), summary, "analytic", settings)
+    p = predict_run(spec, summary, "analytic", settings)
     return {"predicted_peak_bytes": p.total, "predicted_device_peak_bytes": p.device,
             "predicted_peak_note": (f"{p.method}, {p.why}" if p.bound else p.method) if p.modelled else p.why}
 
@@ -78,7 +79,7 @@ def step_rates(calibration: str | None):
         return str(exc)
 
 
-def predicted_step(summary: dict, run_dir: Path, rates) -> dict:
+def predicted_step(summary: dict, spec: dict, settings: dict | None, rates) -> dict:
     """The step-time model's prediction of an ok GPU run (plan/step_time.py): step seconds, tokens/s and what
     bounds it, or why there is none."""
     none = {"predicted_step_s": None, "predicted_tokens_per_s": None}
@@ -88,8 +89,7 @@ def predicted_step(summary: dict, run_dir: Path, rates) -> dict:
         return {**none, "predicted_step_note": rates or "no calibration"}
     from workflow_scripts.plan import step_time
 
-    settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
-    p = step_time.predict(step_time.run_of(json.loads((run_dir / C.RUN_SPEC).read_text()), summary, settings), rates)
+    p = step_time.predict(step_time.run_of(spec, summary, settings), rates)
     return {"predicted_step_s": p.step_s, "predicted_tokens_per_s": p.tokens_per_s(summary["tokens_per_step"]),
             "predicted_step_note": "; ".join([f"{p.bound}-bound"] + p.notes)}
 
