@@ -72,6 +72,8 @@ BAD_CONFIGS = [
     ({"strategy_options": {"zero2": {"check_grad_overflow": False}}},
      "strategy_options.zero2.check_grad_overflow: DeepSpeed has a bf16 section only under bf16-pure, but "
      "train.precision is fp32"),
+    ({"strategy_options": {"grad_accum": {"accum_steps": 3}}},  # grad_accum's accumulation rule, in the strategy
+     "strategy_options.grad_accum.accum_steps: 3 must divide train.micro_batch_size x grad_accum = 8"),
 ]
 # a strategy's options (DeepSpeed's against its own config models, DeepSpeedZeroConfig and its offload models) and
 # strategy names: a short error, the closest valid name for a typo (DeepSpeed's own error is 159 lines at run time)

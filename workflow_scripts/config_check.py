@@ -168,18 +168,20 @@ def option_problems(strategy, options) -> list[str]:
 def batch_problems(config: dict) -> list[str]:
     """Batch sizes per group, and grad_accum's accumulation that must divide them."""
     out = []
-    accum_opts = config.get("strategy_options", {}).get("grad_accum", {})
     for i, g in enumerate(study.groups(config)):
         t = {**config["train"], **g.get("train", {})}
         where = f"groups[{i}].train" if config.get("groups") else "train"
         for key in ("micro_batch_size", "grad_accum"):
             if not isinstance(t[key], int) or t[key] <= 0:
                 out.append(f"{where}.{key}: must be a positive integer, got {t[key]!r}")
-        if "grad_accum" in g["strategies"] and accum_opts.get("keep_effective_batch", True):
-            steps = int(accum_opts.get("accum_steps", 8))
+        for name in g["strategies"]:
+            own = STRATEGIES[name].accumulation if name in STRATEGIES else None
+            if own is None:
+                continue
+            steps, keep_effective_batch = own((config.get("strategy_options") or {}).get(name, {}))
             samples = t["micro_batch_size"] * t["grad_accum"] if isinstance(t["micro_batch_size"], int) else 0
-            if samples and (steps <= 0 or samples % steps):
-                out.append(f"strategy_options.grad_accum.accum_steps: {steps} must divide {where}.micro_batch_size"
+            if keep_effective_batch and samples and (steps <= 0 or samples % steps):
+                out.append(f"strategy_options.{name}.accum_steps: {steps} must divide {where}.micro_batch_size"
                            f" x grad_accum = {samples} to keep the effective batch")
     return out
 

@@ -14,9 +14,8 @@ import torch
 
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.precision import Precision, policy
+from workflow_scripts.training.strategies import get as get_strategy
 from workflow_scripts.training.strategies import micro_and_accum
-
-STRATEGY_KEYS = ("accum_steps", "keep_effective_batch")  # options the context consumes, not the engine
 
 
 @dataclass
@@ -123,7 +122,9 @@ def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int |
     if local_world is None:
         local_world = layout.world_size // spec.get("nodes", 1)
     micro, accum = micro_and_accum(spec)
-    options = {k: v for k, v in spec["options"].items() if k not in STRATEGY_KEYS}
+    strategy = get_strategy(spec["strategy"])
+    consumed = strategy.option_keys if strategy.accumulation is not None else ()  # micro_and_accum read them
+    options = {k: v for k, v in spec["options"].items() if k not in consumed}
     return RunContext(rank=rank, local_rank=local_rank, local_world_size=local_world, device=device,
                       platform=spec["platform"], layout=layout, precision=policy(spec["precision"]),
                       micro_batch=micro, accum=accum, lr=t["lr"], weight_decay=t["weight_decay"],

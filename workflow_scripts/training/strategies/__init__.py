@@ -33,9 +33,9 @@ def micro_and_accum(spec: dict) -> tuple[int, int]:
     accumulation (grad_accum) at the same effective batch."""
     t, strategy = spec["train"], get(spec["strategy"])
     micro, accum = t["micro_batch_size"], t["grad_accum"]
-    if strategy.accum_steps is not None:  # e.g. grad_accum: its own accumulation, same effective batch
-        own = strategy.accum_steps(spec["options"])
-        if spec["options"].get("keep_effective_batch", True):
+    if strategy.accumulation is not None:  # e.g. grad_accum: its own accumulation, same effective batch
+        own, keep_effective_batch = strategy.accumulation(spec["options"])
+        if keep_effective_batch:
             micro = micro * accum // own
         accum = own
     return micro, accum

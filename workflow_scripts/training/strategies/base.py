@@ -43,7 +43,9 @@ class Strategy:
     offload_params: Callable = lambda ctx: False
     unsupported: Callable = lambda ctx: None  # (ctx) -> reason or None, for reasons other than a missing op
     ops: tuple = ()  # DeepSpeed op builders this strategy needs, built once before any rank starts
-    accum_steps: Callable | None = None  # (options) -> accumulation steps, if the strategy sets its own
+    # (options) -> (accumulation steps, keep the effective batch), if the strategy accumulates on its own; the
+    # options it reads are the run context's (consumed before the engine sees them), not the engine's
+    accumulation: Callable | None = None
     compile_blocks: Callable = lazy.part(f"{__package__}.engine", "compile_blocks")  # (model, mode) -> dict
     compile_model: Callable = lazy.part(f"{__package__}.engine", "compile_model")  # (engine, mode) -> dict
     # the keys its `strategy_options` section may hold, checked before any job starts (config_check); None: any
