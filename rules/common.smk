@@ -238,6 +238,26 @@ def bench_config(table):
     return cfg
 
 
+def plan_config(*extra):
+    """The config sections the plan and scale rules depend on (rules/plan.smk), as JSON."""
+    keys = (
+        "plan",
+        "platform",
+        "train",
+        "data",
+        "images",
+        "tokenizer",
+        "models",
+        "strategies",
+        "world_sizes",
+        "groups",
+        "layouts",
+        "model_overrides",
+        "strategy_options",
+    ) + extra
+    return json.dumps({k: config[k] for k in keys if k in config}, sort_keys=True)
+
+
 def write_report():
     write_report_after_success(
         workflow, config, f"{R}/report.html", needs=f"{R}/tables/summary.md"

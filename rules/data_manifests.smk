@@ -5,9 +5,12 @@ rule data_manifests:
         [f"{D}/{name}" for name in study.DATA_MANIFESTS[config["data"]["kind"]]],
     output:
         [f"{R}/data/{name}" for name in study.DATA_MANIFESTS[config["data"]["kind"]]],
+    log:
+        f"{R}/logs/data_manifests.log",
     localrule: True
-    run:
-        import shutil
-
-        for source, copy in zip(input, output):
-            shutil.copyfile(source, copy)
+    container:
+        IMAGE
+    params:
+        into=lambda w, output: os.path.dirname(output[0]),
+    shell:
+        "cp -v {input} {params.into}/ > {log} 2>&1"

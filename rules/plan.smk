@@ -4,25 +4,6 @@
 # (workflow_scripts/plan/scale.py: every layout that fits, simulated).
 
 
-def plan_config(*extra):
-    keys = (
-        "plan",
-        "platform",
-        "train",
-        "data",
-        "images",
-        "tokenizer",
-        "models",
-        "strategies",
-        "world_sizes",
-        "groups",
-        "layouts",
-        "model_overrides",
-        "strategy_options",
-    ) + extra
-    return json.dumps({k: config[k] for k in keys if k in config}, sort_keys=True)
-
-
 rule plan:
     input:
         calibration=lambda w: config["plan"].get("calibration") or [],

@@ -140,12 +140,12 @@ def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
     from workflow_scripts.training.precision import policy
     from workflow_scripts.training.strategies import STRATEGIES as ALL
 
-    def ds_json(precision):
+    def ds_json(precision, strategy="zero2", **options):
         ctx = RunContext(rank=0, local_rank=0, local_world_size=1, device=torch.device("cpu"), platform="cpu",
                          layout=Layout(dp=1), precision=policy(precision), micro_batch=4, accum=1, lr=1e-3,
                          weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, grad_clip=1.0, seed=0, work_dir="/tmp",
-                         options={"check_grad_overflow": False, "reduce_bucket_size": 1000})
-        return ALL["zero2"].settings(ctx)["deepspeed_config"]
+                         options={"check_grad_overflow": False, "reduce_bucket_size": 1000, **options})
+        return ALL[strategy].settings(ctx)["deepspeed_config"]
 
     cfg = ds_json("bf16-pure")
     assert cfg["bf16"] == {"enabled": True, "check_grad_overflow": False}
@@ -154,6 +154,16 @@ def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
         ds_json("fp32")
     assert config_error({"strategy_options": {"zero2": {"check_grad_overflow": False}},
                          "train": {"precision": "bf16-pure"}}) == ""
+    # quantized weights (ZeRO++'s default, or set on zero3): DeepSpeed's bf16 mode under bf16-mixed too, one rule
+    # (Strategy.engine_precision) for the engine's JSON, the check and the memory model
+    quantized = {"zero_quantized_weights": True}
+    for strategy, options in (("zeropp", {}), ("zero3", quantized)):
+        assert ALL[strategy].engine_precision("bf16-mixed", options) == "bf16-pure"
+        cfg = ds_json("bf16-mixed", strategy, **options)
+        assert cfg["bf16"]["check_grad_overflow"] is False and "torch_autocast" not in cfg
+        assert config_error({"strategy_options": {strategy: {**options, "check_grad_overflow": False}},
+                             "train": {"precision": "bf16-mixed"}}) == ""
+    assert ALL["zero3"].engine_precision("bf16-mixed", {}) == "bf16-mixed"
 
 
 def test_every_study_passes_the_strategy_option_check():

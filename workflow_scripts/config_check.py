@@ -194,8 +194,10 @@ def bf16_option_problems(config: dict) -> list[str]:
         for s in g["strategies"]:
             options = (config.get("strategy_options") or {}).get(s)
             keys = [k for k in BF16_KEYS if isinstance(options, dict) and k in options]
-            has_section = precision == "bf16-pure" or (precision == "bf16-mixed" and s == "zeropp")
-            if keys and not has_section:
+            if not keys or s not in STRATEGIES:
+                continue
+            has_section = STRATEGIES[s].engine_precision(precision, options) == "bf16-pure"
+            if not has_section:
                 where = f"groups[{i}].train.precision" if "precision" in g.get("train", {}) else "train.precision"
                 out.append(f"strategy_options.{s}.{keys[0]}: DeepSpeed has a bf16 section only under bf16-pure, "
                            f"but {where} is {precision}")

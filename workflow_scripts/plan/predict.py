@@ -92,10 +92,9 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
     if n_params is None:
         n_params, trainable = count_params(model, key, vocab, seq_len, json.dumps(lora or MODELS[model].lora))
     tokens = tokens_per_sample(model, overrides, seq_len)
-    if strategy == "zeropp" and precision == "bf16-mixed":  # DeepSpeed refuses torch_autocast with quantized
-        precision = "bf16-pure"  # weights: ZeRO++ runs DeepSpeed bf16 (strategies/_deepspeed.py)
-    s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
     strat = STRATEGIES[strategy]
+    precision = strat.engine_precision(precision, options or {})  # e.g. ZeRO++ runs DeepSpeed's bf16 mode
+    s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
     dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # dp x cp (ep is carved out of them)
     off_opt, off_par = offloads(strategy, options)
     per_layer = None

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from workflow_scripts.training.context import RunContext
 
 
-def ds_config(ctx: RunContext, zero: dict, extra: dict | None = None) -> dict:
+def ds_config(ctx: RunContext, zero: dict, extra: dict | None = None, bf16_mode: bool | None = None) -> dict:
+    """DeepSpeed's JSON. `bf16_mode`: whether DeepSpeed runs its own bf16 optimizer (the `bf16` section), as the
+    strategy's engine_precision decides (default: under bf16-pure)."""
     cfg = {
         "train_micro_batch_size_per_gpu": ctx.micro_batch,
         "gradient_accumulation_steps": ctx.accum,
@@ -35,8 +37,8 @@ def ds_config(ctx: RunContext, zero: dict, extra: dict | None = None) -> dict:
         "wall_clock_breakdown": False,
     }
     p = ctx.precision
-    if p.bf16_params or (p.autocast_bf16 and zero.get("zero_quantized_weights")):
-        cfg["bf16"] = {"enabled": True}  # DeepSpeed refuses torch_autocast with ZeRO++ quantized weights
+    if p.bf16_params if bf16_mode is None else bf16_mode:
+        cfg["bf16"] = {"enabled": True}
     elif p.autocast_bf16:
         # DeepSpeed turns an outer torch.autocast off inside its engine: enable its own, with fp32 gradient
         # communication for every module (no lower-precision-safe modules), i.e. exactly what DDP does
@@ -151,20 +153,29 @@ def model_problems(where: str, model, data: dict) -> list[str]:
 
 
 def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | None = None,
-                       extra=lambda ctx: {}, consumes: tuple = (), **strategy_kwargs) -> Strategy:
+                       extra=lambda ctx: {}, consumes: tuple = (), quantized_weights: bool = False,
+                       **strategy_kwargs) -> Strategy:
     """A ZeRO strategy. `zero`: its fixed zero_optimization keys (or a function of the context); `extra`: its
-    fixed top-level keys. The user's `strategy_options.<name>` override both: TOP_LEVEL_KEYS go to the top level,
+    fixed top-level keys; `quantized_weights`: ZeRO++'s qwZ on by default (zero_quantized_weights), under which
+    DeepSpeed refuses torch_autocast and runs its own bf16 mode for bf16-mixed too (engine_precision). The user's `strategy_options.<name>` override both: TOP_LEVEL_KEYS go to the top level,
     BF16_KEYS to the bf16 section, the keys in `consumes` are the strategy's own (e.g. nvme_path), everything else
     into zero_optimization (split_options). Before any job, `option_problems` checks them against DeepSpeed's
     own config models."""
 
+    quantized = {"zero_quantized_weights": True} if quantized_weights else {}
+
     def zero_section(ctx: RunContext) -> dict:
         fixed = zero(ctx) if callable(zero) else (zero or {})
-        return {"stage": stage, **fixed, **split_options(ctx.options, consumes)[2]}
+        return {"stage": stage, **quantized, **fixed, **split_options(ctx.options, consumes)[2]}
+
+    def engine_precision(precision: str, options: dict) -> str:
+        weights = split_options(options, consumes)[2].get("zero_quantized_weights", quantized_weights)
+        return "bf16-pure" if precision == "bf16-mixed" and weights else precision
 
     def config(ctx: RunContext) -> dict:
         top, bf16, _ = split_options(ctx.options, consumes)
-        cfg = ds_config(ctx, zero_section(ctx), {**extra(ctx), **top})
+        cfg = ds_config(ctx, zero_section(ctx), {**extra(ctx), **top},
+                        bf16_mode=engine_precision(ctx.precision.name, ctx.options) == "bf16-pure")
         if bf16 and "bf16" not in cfg:
             raise ValueError(f"strategy_options.{name}.{next(iter(bf16))}: DeepSpeed has a bf16 section only under "
                              f"train.precision bf16-pure (this run: {ctx.precision.name})")
@@ -197,4 +208,5 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
     strategy_kwargs.setdefault("compile_model", deepspeed_compile_model)
     return Strategy(name=name, family="deepspeed", zero_stage=stage, description=description,
                     settings=lambda ctx: ds_settings(ctx, config(ctx)), option_problems=option_problems,
+                    engine_precision=engine_precision,
                     build=lambda model, ctx: DeepSpeedEngine(model, ctx, config(ctx)), **strategy_kwargs)

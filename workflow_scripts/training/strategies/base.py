@@ -54,6 +54,9 @@ class Strategy:
     # _deepspeed checks them against its config models); set, it replaces the option_keys check
     option_problems: Callable | None = None
     in_figures: bool = True
+    # (precision policy name, options) -> the policy the engine really runs (DeepSpeed's bf16 mode replaces
+    # bf16-mixed where ZeRO++ quantizes weights): the one rule of the engine's config, config_check and the models
+    engine_precision: Callable = lambda precision, options: precision
     # a consistency check: this strategy's losses must equal those of the named one at the same layout and
     # repeat (report/tables.py puts the difference in the summary and warns beyond verify.tolerances.loss_abs)
     must_match: str | None = None
