@@ -23,7 +23,6 @@ TUTORIAL_CLAIMED = [{"models": ["gpt2-medium"], "strategies": ["ddp", "zero1", "
 
 @pytest.mark.parametrize("study, extra, expected_runs", [
     ("gpt2_tutorial", {"groups": TUTORIAL_CLAIMED}, 5),
-    ("ml815", {"strategies": ["ddp", "zero2_offload"]}, 2),
     ("traces", {"repeats": 1, "strategies": ["ddp", "fsdp"]}, 2),
     ("vit", {"train": {"max_steps": 40}}, 6),
 ])
@@ -54,6 +53,9 @@ def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
     # 1D and every model-parallel layout of each model, each its own training job
     ("parallelism", {}, {("qwen2.5-3b", "fsdp", layout) for layout in ("ws2", "dp1-pp2", "dp1-tp2", "dp1-cp2")}
      | {("qwen1.5-moe-a2.7b-12l", "fsdp", layout) for layout in ("ws2", "dp2-ep2")}),
+    # every ML815 variant: its strategies train in the default study, its Qwen2 family in tests/test_parallel_*.py
+    ("ml815", {}, {("qwen2.5-coder-1.5b", strategy, "ws2") for strategy in
+                   ("ddp", "zero1", "zero2", "ddp_overlap", "grad_accum", "zero0", "zero2_compress", "zero2_offload")}),
     ("scaling", {"world_sizes": [1, 2], "strategies": ["ddp", "zero2"]},
      {("gpt2-medium", strategy, ws) for strategy in ("ddp", "zero2") for ws in ("ws1", "ws2")}),
 ])
