@@ -111,8 +111,11 @@ def stage_code(*modules):
     """A report stage's own modules (dotted, under workflow_scripts) as inputs of its rule: an edit to one reruns
     that stage's tables or figures, which Snakemake's code trigger cannot see behind a shell command. Training
     rules never list code: editing a module must not rerun a run."""
-    return [
-        os.path.join(workflow.basedir, "workflow_scripts", *m.split(".")) + ".py"
+    return [  # relative to the working directory, as Snakemake names every other input
+        os.path.relpath(
+            os.path.join(workflow.basedir, "workflow_scripts", *m.split("."))
+        )
+        + ".py"
         for m in modules
     ]
 
