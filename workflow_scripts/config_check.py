@@ -196,8 +196,7 @@ def bf16_option_problems(config: dict) -> list[str]:
             keys = [k for k in BF16_KEYS if isinstance(options, dict) and k in options]
             if not keys or s not in STRATEGIES:
                 continue
-            has_section = STRATEGIES[s].engine_precision(precision, options) == "bf16-pure"
-            if not has_section:
+            if STRATEGIES[s].engine_precision(precision, options) != "bf16-pure":  # no bf16 section
                 where = f"groups[{i}].train.precision" if "precision" in g.get("train", {}) else "train.precision"
                 out.append(f"strategy_options.{s}.{keys[0]}: DeepSpeed has a bf16 section only under bf16-pure, "
                            f"but {where} is {precision}")

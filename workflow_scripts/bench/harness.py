@@ -128,9 +128,10 @@ def run_levers(config: dict, out: Path, rounds: Rounds) -> None:
             strategy = lever.get("strategy", b["lever_strategy"])
             eager = {k: v for k, v in EAGER.items() if k not in b["train"]}  # bench.train may set them
             spec = spec_for(config, strategy, {**eager, **lever["train"]}, out, f"levers/{lever['name']}/r{r}", r)
-            spec["options"] = {**spec["options"], **lever.get("options", {})}
+            options = lever.get("options") or {}  # the lever's strategy options, over the study's
+            spec["options"] = {**spec["options"], **options}
             print(f"lever {lever['name']} (round {r})", flush=True)
-            settings = {**lever["train"], **({"options": lever["options"]} if lever.get("options") else {})}
+            settings = {**lever["train"], **({"options": options} if options else {})}
             rounds.add({**lever_row(lever["name"], settings, run_launcher(spec), r), "strategy": strategy})
 
 

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from workflow_scripts.training.context import RunContext
 
 
-def ds_config(ctx: RunContext, zero: dict, extra: dict | None = None, bf16_mode: bool | None = None) -> dict:
+def ds_config(ctx: RunContext, zero: dict, extra: dict, bf16_mode: bool) -> dict:
     """DeepSpeed's JSON. `bf16_mode`: whether DeepSpeed runs its own bf16 optimizer (the `bf16` section), as the
-    strategy's engine_precision decides (default: under bf16-pure)."""
+    strategy's engine_precision decides."""
     cfg = {
         "train_micro_batch_size_per_gpu": ctx.micro_batch,
         "gradient_accumulation_steps": ctx.accum,
@@ -37,7 +37,7 @@ def ds_config(ctx: RunContext, zero: dict, extra: dict | None = None, bf16_mode:
         "wall_clock_breakdown": False,
     }
     p = ctx.precision
-    if p.bf16_params if bf16_mode is None else bf16_mode:
+    if bf16_mode:
         cfg["bf16"] = {"enabled": True}
     elif p.autocast_bf16:
         # DeepSpeed turns an outer torch.autocast off inside its engine: enable its own, with fp32 gradient
@@ -46,7 +46,7 @@ def ds_config(ctx: RunContext, zero: dict, extra: dict | None = None, bf16_mode:
     if zero.get("offload_optimizer", {}).get("device", "none") != "none":
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": ctx.lr, "betas": list(ctx.betas), "eps": ctx.eps,
                                                         "weight_decay": ctx.weight_decay}}
-    cfg.update(extra or {})
+    cfg.update(extra)
     return cfg
 
 
@@ -157,7 +157,8 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
                        **strategy_kwargs) -> Strategy:
     """A ZeRO strategy. `zero`: its fixed zero_optimization keys (or a function of the context); `extra`: its
     fixed top-level keys; `quantized_weights`: ZeRO++'s qwZ on by default (zero_quantized_weights), under which
-    DeepSpeed refuses torch_autocast and runs its own bf16 mode for bf16-mixed too (engine_precision). The user's `strategy_options.<name>` override both: TOP_LEVEL_KEYS go to the top level,
+    DeepSpeed refuses torch_autocast and runs its own bf16 mode for bf16-mixed too (engine_precision). The user's
+    `strategy_options.<name>` override both: TOP_LEVEL_KEYS go to the top level,
     BF16_KEYS to the bf16 section, the keys in `consumes` are the strategy's own (e.g. nvme_path), everything else
     into zero_optimization (split_options). Before any job, `option_problems` checks them against DeepSpeed's
     own config models."""
