@@ -31,7 +31,7 @@ rule calibrate:
 rule calibration_figure:
     input:
         json=rules.calibrate.output.json,
-        code=stage_code("report.calibration", "report.figures"),
+        code=stage_code("report.calibration", "report.style"),
     output:
         png=report(
             f"{R}/figures/calibration.png",

@@ -36,7 +36,13 @@ rule figures:
         runs=rules.parse.output.runs,
         steps=rules.parse.output.steps,
         vram=rules.parse.output.vram,
-        code=stage_code("report.figures", "report.tables", "report.stats"),
+        code=stage_code(
+            "report.figures",
+            "report.figure_registry",
+            "report.style",
+            "report.tables",
+            "report.stats",
+        ),
     output:
         png=[
             report(

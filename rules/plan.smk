@@ -28,7 +28,11 @@ rule scale:
     output:
         csv=f"{R}/plan/scale.csv",
         md=f"{R}/plan/scale.md",
-        png=f"{R}/plan/scale.png",
+        png=report(
+            f"{R}/plan/scale.png",
+            caption="../report/captions/scale.rst",
+            category="Plan",
+        ),
         pdf=f"{R}/plan/scale.pdf",
     log:
         f"{R}/logs/scale.log",

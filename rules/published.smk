@@ -45,7 +45,7 @@ rule claims:
     input:
         fair=rules.parse.output.runs,
         as_published=f"{AS_PUBLISHED}/tables/runs.csv",
-        code=stage_code("report.claims", "report.figures", "report.tables"),
+        code=stage_code("report.claims", "report.style", "report.tables"),
     output:
         csv=f"{R}/tables/claims.csv",
         headlines=f"{R}/tables/claims_headlines.csv",

@@ -22,7 +22,7 @@ rule analyse_traces:
 rule trace_report:
     input:
         analyses=[f"{d}/traces/analysis.json" for d in run_dirs()],
-        code=stage_code("report.traces", "report.figures"),
+        code=stage_code("report.traces", "report.style"),
     output:
         table=f"{R}/tables/traces.csv",
         kernels=f"{R}/tables/traces_kernels.csv",
@@ -37,6 +37,8 @@ rule trace_report:
         f"{R}/logs/trace_report.log",
     container:
         IMAGE
+    params:
+        style=json.dumps(config["figures"], sort_keys=True),
     shell:
         "python3 -m workflow_scripts.report.traces report --analyses {input.analyses} --table {output.table} "
-        "--figure {output.png} > {log} 2>&1"
+        "--figure {output.png} --style {params.style:q} > {log} 2>&1"

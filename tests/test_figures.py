@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from test_tables import make_study  # noqa: E402
-from workflow_scripts.report import figures  # noqa: E402
+from workflow_scripts.report import figure_registry, figures  # noqa: E402
 
 
 def load(paths: dict, **style) -> figures.Data:
@@ -163,3 +163,37 @@ def test_layouts_figure_shows_each_ranks_memory_and_the_mfu_per_layout():
     want = [v for key in ("ws2", "dp1-pp2", "dp1-tp2")
             for v in figures.rank_values(runs.loc[key, "peak_allocated_bytes_per_rank"])]
     assert heights == pytest.approx(want) and heights[2] > heights[3]  # the first stage holds the embedding
+
+
+def test_predicted_speed_ticks_the_prediction_and_names_the_rows_without_one(gpu):
+    fig = figures.predicted_speed_figure(load(gpu))
+    assert figures.PREDICTED_SPEED_LABEL in legend_labels(fig)
+    words = texts(fig)
+    assert sum("ddp -9 %" in t for t in words) == 2  # 1000 predicted / 1100 measured - 1, both world sizes
+    assert any("no prediction: zero2" in t and "fsdp" in t for t in words)
+    heights = {round(seg[0][1]) for ax in fig.axes for c in ax.collections
+               for seg in getattr(c, "get_segments", lambda: [])()}
+    assert {1000, 2000} <= heights  # the predicted ticks, one per world size
+
+
+def test_every_figure_joins_the_registry_once_with_a_caption():
+    """Adding a figure = its function, one registry entry and a caption: nothing draws outside the registry, and
+    only report/style.py themes and saves."""
+    import importlib
+
+    names = [e.name for e in figure_registry.ENTRIES]
+    assert len(names) == len(set(names)) and figures.FIGURES == figure_registry.names("figures")
+    for e in figure_registry.ENTRIES:
+        assert e.caption.read_text().strip(), e.name
+        assert callable(e.load()), e.function
+    registered = {e.function for e in figure_registry.ENTRIES}
+    root = HERE.parent / "workflow_scripts"
+    for path in root.rglob("*.py"):
+        text, module = path.read_text(), ".".join(path.relative_to(root).with_suffix("").parts)
+        if path.name != "style.py":
+            assert "savefig(" not in text and "set_theme(" not in text, path
+        if "def " in text and "_figure(" in text and path.name != "figure_registry.py":
+            mod = importlib.import_module(f"workflow_scripts.{module}")
+            drawn = {f"{module}:{n}" for n, f in vars(mod).items()
+                     if n.endswith("_figure") and callable(f) and getattr(f, "__module__", "") == mod.__name__}
+            assert drawn <= registered, drawn - registered

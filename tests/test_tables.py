@@ -24,7 +24,8 @@ RUNS_COLUMNS = (
     "step_time_p90_s forward_median_s backward_median_s optimizer_median_s tokens_per_s samples_per_s "
     "flops_per_token peak_tflops mfu peak_allocated_bytes peak_reserved_bytes peak_host_rss_bytes initial_loss "
     "final_loss val_loss_initial val_loss_final val_ppl_final predicted_model_state_bytes predicted_host_state_bytes "
-    "sampler_status sampler_peak_device_bytes sampler_peak_host_bytes provenance settings").split()
+    "sampler_status sampler_peak_device_bytes sampler_peak_host_bytes predicted_tokens_per_s provenance settings"
+).split()
 STEPS_COLUMNS = ("run_id model strategy world_size repeat step epoch loss lr step_time_s forward_s backward_s "
                  "optimizer_s tokens samples warmup wall_s profiled").split()
 VRAM_COLUMNS = ("run_id model strategy world_size repeat time_unix t_s backend device used_bytes total_bytes "
@@ -78,6 +79,7 @@ def run_row(strategy, stage, in_figures, ws, repeat, status, tps, cpu):
         "initial_loss": value(9.0), "final_loss": value(5.0 + 0.01 * repeat), "val_loss_initial": value(9.0),
         "val_loss_final": value(5.1), "val_ppl_final": value(math.exp(5.1)),
         "predicted_model_state_bytes": predicted, "predicted_host_state_bytes": 0.0,
+        "predicted_tokens_per_s": 1000.0 * ws if strategy == "ddp" else math.nan,  # ddp measures 1100 per rank
         "sampler_status": "ok", "sampler_peak_device_bytes": (
             math.nan if cpu or strategy == "fsdp" else value((1.5 - 0.1 * stage + 0.01 * repeat) * GiB)),
         "sampler_peak_host_bytes": value((2.1 + repeat * 0.01) * GiB * ws),

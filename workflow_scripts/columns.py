@@ -3,6 +3,8 @@ names, the figure list. Files between stages are the contract; this module is wh
 """
 from __future__ import annotations
 
+from workflow_scripts.report import figure_registry
+
 # ---------------------------------------------------------------- where things are in a results_dir
 RUN_DIR = "runs/{model}/{strategy}/{layout}/r{repeat}"  # one run's directory (layout: ws2, dp2-pp2-tp2, ...)
 RUNS_TABLE = "tables/runs.csv"  # the parse stage's run table
@@ -75,5 +77,4 @@ def layout_key(layout, world_size) -> str:
 
 
 # ---------------------------------------------------------------- figures (rules/figures.smk and report/figures.py)
-FIGURES = ["loss_curves", "peak_memory", "throughput", "time_per_epoch", "mfu", "memory_timeline",
-           "memory_vs_throughput", "scaling", "layouts", "phases", "accuracy"]
+FIGURES = figure_registry.names("figures")  # the study figures (rule figures), in the registry's order

@@ -91,14 +91,11 @@ def markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(frame: pd.DataFrame, path: Path) -> None:
+def memory_prediction_figure(frame: pd.DataFrame, style: dict):
     """Predicted against measured, torch-allocated (analytic) and device-wide, with the +-10 % band."""
-    import matplotlib
+    from workflow_scripts.report.style import grid
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    fig, axes = grid(2, style)
     pairs = (("measured_gib", "analytic_gib", "torch-allocated peak (analytic model)"),
              ("device_measured_gib", "device_predicted_gib", "device-wide peak (NVML)"))
     for ax, (x, y, title) in zip(axes, pairs):
@@ -109,9 +106,8 @@ def figure(frame: pd.DataFrame, path: Path) -> None:
         for name, g in part.groupby(part["set"].str.split("/").str[0]):
             ax.scatter(g[x], g[y], s=14, label=name)
         ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured (GiB)", ylabel="predicted (GiB)", title=title)
-    axes[0].legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    axes[0].legend(fontsize="x-small", loc="upper left")
+    return fig
 
 
 def main(argv=None):
@@ -126,7 +122,11 @@ def main(argv=None):
     if args.out:
         Path(args.out).write_text(text)
     if args.figure:
-        figure(frame, Path(args.figure))
+        from workflow_scripts.report.style import apply_style, parse_style, save
+
+        style, path = parse_style(None), Path(args.figure)
+        apply_style(style)
+        save(memory_prediction_figure(frame, style), path.parent, path.stem, style["dpi"])
 
 
 if __name__ == "__main__":

@@ -95,8 +95,9 @@ def candidate(config, rates, fabric, model, strategy, layout: Layout, mb, vocab,
 
 def best(frame: pd.DataFrame) -> pd.DataFrame:
     """Per model, GPU count and kind of layout, the fastest candidate that fits."""
-    ok = frame.dropna(subset=["predicted_tokens_per_s_per_gpu"]) if "predicted_tokens_per_s_per_gpu" in frame else \
-        frame.iloc[0:0]
+    if "predicted_tokens_per_s_per_gpu" not in frame:
+        return frame.iloc[0:0]
+    ok = frame.dropna(subset=["predicted_tokens_per_s_per_gpu"])
     idx = ok.groupby(["model", "gpus", "kind"])["predicted_tokens_per_s_per_gpu"].idxmax()
     return ok.loc[idx].sort_values(["model", "gpus", "predicted_tokens_per_s_per_gpu"], ascending=[True, True, False])
 
@@ -126,13 +127,10 @@ def markdown(frame: pd.DataFrame, config: dict, fabric: Fabric, device: str | No
     return "\n".join(lines)
 
 
-def figure(frame: pd.DataFrame, out: Path, style: dict, caption: str) -> None:
-    import matplotlib.pyplot as plt
+def scale_figure(frame: pd.DataFrame, style: dict, caption: str):
+    """Per model, the best predicted tokens/s per GPU of each kind of layout against the GPU count."""
+    from workflow_scripts.report import style as F
 
-    from workflow_scripts.report import figures as F
-
-    style = F.parse_style(style)
-    F.apply_style(style)
     top = best(frame)
     models = list(dict.fromkeys(frame["model"]))
     fig, axes = F.grid(len(models), style, ncols=min(3, len(models)))
@@ -152,8 +150,7 @@ def figure(frame: pd.DataFrame, out: Path, style: dict, caption: str) -> None:
         else:
             ax.legend(title="layout", fontsize="small", ncols=3, loc="lower center")
     fig.suptitle(caption, fontsize="small", wrap=True)
-    F.save(fig, out, "scale", style["dpi"])
-    plt.close("all")
+    return fig
 
 
 def main(argv=None):
@@ -171,6 +168,11 @@ def main(argv=None):
             raise planner.PlanError("plan.calibration: the scale simulation needs a calibration of the GPU kind")
         fabric = Fabric.of(scale)
         frame = candidates(config, rates, fabric)
+        if best(frame).empty:
+            notes = [n for c in ("memory_note", "step_note") for n in frame.get(c, []) if isinstance(n, str) and n]
+            raise planner.PlanError(f"no layout of {sorted(set(frame.get('model', [])))} both fits and has a step "
+                                    f"time at {config['plan']['scale']['gpus']} GPUs: "
+                                    f"{'; '.join(dict.fromkeys(notes)) or 'none fits in memory'}")
     except planner.PlanError as exc:
         raise SystemExit(f"invalid plan: {exc}") from None
     out = Path(args.out_dir)
@@ -178,8 +180,12 @@ def main(argv=None):
     frame.to_csv(out / "scale.csv", index=False)
     text = markdown(frame, config, fabric, rates.device)
     (out / "scale.md").write_text(text)
-    figure(frame, out, config.get("figures") or {}, f"Predicted, not measured: {rates.device}; "
-           f"{fabric.describe()}")
+    from workflow_scripts.report.style import apply_style, parse_style, save
+
+    style = parse_style(config.get("figures"))
+    apply_style(style)
+    save(scale_figure(frame, style, f"Predicted, not measured: {rates.device}; {fabric.describe()}"), out, "scale",
+         style["dpi"])
     print(text)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from workflow_scripts.measure.metrics import peak_tflops
-from workflow_scripts.report.figures import apply_style, empty_note, grid, parse_style, save, titled
+from workflow_scripts.report.style import apply_style, empty_note, grid, parse_style, save, titled
 
 UNITS = ["TFLOP/s", "GB/s", "M iterations/s", "ms"]  # panel order
 GPU_ONLY = ("matmul_bf16", "h2d", "d2h", "all_reduce_busbw", "all_gather_busbw")
@@ -55,8 +55,8 @@ def panel(ax, frame: pd.DataFrame, unit: str, peaks: dict, platform: str) -> Non
     titled(ax, unit, note)
 
 
-def draw(calibration: dict, style: dict, figure: Path) -> None:
-    apply_style(style)
+def calibration_figure(calibration: dict, style: dict):
+    """One panel per unit (TFLOP/s, GB/s, µs) of the calibration's measures, beside the device's peaks."""
     frame = rows(calibration)
     units = UNITS + [u for u in frame["unit"].unique() if u not in UNITS]
     fig, axes = grid(len(units), style, ncols=2)
@@ -65,8 +65,7 @@ def draw(calibration: dict, style: dict, figure: Path) -> None:
     machine = calibration.get("machine") or {}
     fig.suptitle(f"Calibration ({calibration.get('platform')}, median of {calibration.get('rounds')}); "
                  f"CPU: {machine.get('cpu_model')}", fontsize="medium")
-    figure.parent.mkdir(parents=True, exist_ok=True)
-    save(fig, figure.parent, figure.stem, style["dpi"])
+    return fig
 
 
 def main(argv=None):
@@ -75,7 +74,10 @@ def main(argv=None):
     ap.add_argument("--style", default="{}")
     ap.add_argument("--figure", required=True, help="the PNG path (a PDF is written beside it)")
     args = ap.parse_args(argv)
-    draw(json.loads(Path(args.calibration).read_text()), parse_style(args.style), Path(args.figure))
+    style, figure = parse_style(args.style), Path(args.figure)
+    apply_style(style)
+    save(calibration_figure(json.loads(Path(args.calibration).read_text()), style), figure.parent, figure.stem,
+         style["dpi"])
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ Each figure is written as <name>.png and <name>.pdf. Panels are one per (model, 
 - accuracy              image classifiers: top-1 validation accuracy before and after training per strategy, and
                         for a model trained both fully and with LoRA the peak memory and trainable parameters of
                         each; other studies: an empty axes saying so.
+- predicted_speed       measured tokens/s per strategy (bars, 95% CI) with the step-time model's prediction made
+                        before the run (a black tick) and each strategy's error in the panel's corner.
 - layouts               per model with more than one parallel layout: MFU per layout (on CPU tokens/s per rank),
                         and each rank's peak torch-allocated memory per layout (on CPU peak host RSS): pipeline
                         stages hold different memory.
@@ -30,15 +32,14 @@ Runs that ended `oom`, `unsupported` or `failed` are drawn as marked entries (a 
 failed, a cross on the scaling axis, a note on line plots), never silently dropped. Strategies whose runs have
 `in_figures` false (zero0, identical to ddp) are left out unless the style says `include_hidden: true`.
 
-Style keys (JSON, all optional): context ("paper"), palette ("colorblind"), dpi (150), width and height (inches
-of one panel; 4.5 x 3.2), font_scale (1.0), include_hidden (false), step_marker_every (auto: about 8 markers).
+Style keys (JSON, all optional): config `figures` (schemas/config.schema.yaml, its defaults there; report/style.py).
+Which figures exist, and their captions: report/figure_registry.py.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,32 +51,24 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from workflow_scripts import columns as C  # noqa: E402
 from workflow_scripts.report.stats import t_quantile  # noqa: E402
 from workflow_scripts.columns import FIGURES, STEP_COLUMNS, VRAM_COLUMNS  # noqa: E402
+from workflow_scripts.report import figure_registry  # noqa: E402
+from workflow_scripts.report.style import (apply_style, corner_note, empty_note, grid, mark_missing,  # noqa: E402
+                                           parse_style, save, status_mark, strategy_colours, strategy_ticks, titled)
 from workflow_scripts.report.tables import (is_image_model, layout_word, memory_unit, model_order, order_strategies,  # noqa: E402
                                             read_runs, read_table, strategy_rank, summarise, with_layout)
-DEFAULT_STYLE = {"context": "paper", "palette": "colorblind", "dpi": 150, "width": 4.5, "height": 3.2,
-                 "font_scale": 1.0, "include_hidden": False, "step_marker_every": None}
-STATUS_MARK = {C.OOM: "OOM", C.UNSUPPORTED: "n/a", C.FAILED: "failed"}  # a status as a figure marks it
+
+__all__ = ["parse_style", "apply_style", "save"]  # the style module's, re-exported for the CLI's callers
 BACKEND_LABEL = {"nvml": "device-wide used (NVML)", "amdsmi": "device-wide used (amdsmi)",
                  "torch": "torch reserved", "host": "host RSS, training processes"}
 BACKEND_PRIORITY = ["nvml", "amdsmi", "torch", "host"]
 
 
-# ---------------------------------------------------------------- style and data
-def parse_style(text: str | dict | None) -> dict:
-    """Defaults overlaid with the given JSON; unknown keys are an error (a typo would otherwise be ignored)."""
-    given = json.loads(text) if isinstance(text, str) and text.strip() else dict(text or {})
-    unknown = set(given) - set(DEFAULT_STYLE)
-    if unknown:
-        raise ValueError(f"unknown style keys {sorted(unknown)}; known: {sorted(DEFAULT_STYLE)}")
-    return {**DEFAULT_STYLE, **given}
-
-
+# ---------------------------------------------------------------- data
 @dataclass
 class Data:
     runs: pd.DataFrame  # visible runs (hidden strategies removed unless include_hidden)
@@ -85,15 +78,6 @@ class Data:
     style: dict
     colors: dict  # strategy -> colour
     dashes: dict  # strategy -> line style (palettes shorter than the strategy list repeat with dashes)
-
-
-def strategy_colours(names: list[str], palette: str) -> tuple[dict, dict]:
-    """One colour per strategy with data; past the palette's length, darker shades and dashed lines."""
-    base = sns.color_palette(palette)
-    colours = {n: base[i] if i < len(base) else tuple(0.55 * c for c in base[i % len(base)])
-               for i, n in enumerate(names)}
-    dashes = {n: "-" if i < len(base) else "--" for i, n in enumerate(names)}
-    return colours, dashes
 
 
 def prepare(runs: pd.DataFrame, steps: pd.DataFrame, vram: pd.DataFrame, style: dict) -> Data:
@@ -117,25 +101,7 @@ def load(runs_csv, steps_csv, vram_csv, style: dict) -> Data:
     return prepare(read_runs(runs_csv), steps, vram, style)
 
 
-def apply_style(style: dict) -> None:
-    sns.set_theme(context=style["context"], style="whitegrid", palette=style["palette"],
-                  font_scale=style["font_scale"])
-
-
 # ---------------------------------------------------------------- layout helpers
-def grid(n: int, style: dict, ncols: int = 3, legend_width: float = 0.0) -> tuple[plt.Figure, list[plt.Axes]]:
-    """n panels (at least one) of style width x height each (plus room for a legend), constrained layout."""
-    n = max(n, 1)
-    ncols = min(n, ncols)
-    nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(style["width"] * ncols + legend_width, style["height"] * nrows),
-                             squeeze=False, layout="constrained")
-    flat = list(axes.flat)
-    for ax in flat[n:]:
-        ax.set_visible(False)
-    return fig, flat[:n]
-
-
 def panel_keys(summary: pd.DataFrame) -> list[tuple[str, str]]:
     """(model, layout) pairs in model-size, world-size, layout order."""
     models = {m: i for i, m in enumerate(model_order(summary))} if len(summary) else {}
@@ -154,44 +120,34 @@ def panel_rows(summary: pd.DataFrame, model: str, layout: str) -> pd.DataFrame:
     return summary[(summary["model"] == model) & (summary["layout"] == layout)].reset_index(drop=True)
 
 
-def empty_note(ax: plt.Axes, text: str) -> None:
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.35")
+def per_panel(data: Data, draw, keys=None, legend: dict | None = None, note=None,
+              legend_width: float = 0.0) -> plt.Figure:
+    """The study figures' skeleton: one panel per (model, layout) (`keys`, default the summary's), filled by
+    `draw(ax, rows, handles, key)`, titled by its panel (with `note(rows)` as a smaller second line); the handles the
+    panels collect (label -> artist) become one figure legend placed by `legend` (matplotlib's keywords); a study
+    without runs gets one axes saying so."""
+    keys = panel_keys(data.summary) if keys is None else keys
+    fig, axes = grid(len(keys), data.style, legend_width=legend_width)
+    handles: dict = {}
+    for ax, key in zip(axes, keys):
+        rows = panel_rows(data.summary, *key)
+        draw(ax, rows, handles, key)
+        titled(ax, panel_title(data.summary, *key), note(rows) if note else "")
+    if handles and legend is not None:
+        fig.legend(list(handles.values()), list(handles), **legend)
+    if not keys:
+        empty_note(axes[0], "no runs")
+    return fig
 
 
-def mark_missing(ax: plt.Axes, x: float, word: str, width: float = 0.8) -> None:
-    """A hatched empty bar over the lower third of the axes at x, with the status word in it."""
-    trans = blended_transform_factory(ax.transData, ax.transAxes)
-    ax.add_patch(Rectangle((x - width / 2, 0), width, 0.33, transform=trans, fill=False, hatch="///",
-                           edgecolor="0.45", linewidth=0.8))
-    ax.text(x, 0.17, word, transform=trans, ha="center", va="center", rotation=90, fontsize="small",
-            fontweight="bold", color="0.2", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+RIGHT = {"loc": "outside right center", "fontsize": "small"}  # where a figure's legend goes
 
 
 def missing_note(rows: pd.DataFrame) -> str:
     """'not shown: zero3 (OOM), zero_infinity (n/a)' for the rows without a successful run."""
     bad = rows[rows["status"] != C.OK]
-    return ("not shown: " + ", ".join(f"{r.strategy} ({STATUS_MARK.get(r.status, r.status)})"
+    return ("not shown: " + ", ".join(f"{r.strategy} ({status_mark(r.status)})"
                                       for r in bad.itertuples())) if len(bad) else ""
-
-
-def titled(ax: plt.Axes, title: str, note: str = "") -> None:
-    """Panel title, with a smaller second line for what the panel cannot show (kept clear of the data)."""
-    note = textwrap.fill(note, width=70)
-    ax.set_title(f"{title}\n{note}" if note else title, fontsize="medium" if not note else "small")
-
-
-def corner_note(ax: plt.Axes, text: str) -> None:
-    if text:
-        ax.text(0.99, 0.98, text, transform=ax.transAxes, ha="right", va="top", fontsize="x-small",
-                color="0.25", bbox={"facecolor": "white", "edgecolor": "0.7", "alpha": 0.85, "pad": 2})
-
-
-def strategy_ticks(ax: plt.Axes, names: list[str]) -> None:
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=40, ha="right")
-    ax.set_xlim(-0.6, len(names) - 0.4)
 
 
 def memory_axis_label(sources, unit: str) -> str:
@@ -201,20 +157,13 @@ def memory_axis_label(sources, unit: str) -> str:
     return f"peak memory ({unit}): {which}"
 
 
-def save(fig: plt.Figure, out_dir: Path, name: str, dpi: int) -> None:
-    """PNG at the style's dpi and PDF, cropped to what is drawn (outside legends and notes included)."""
-    fig.savefig(out_dir / f"{name}.png", dpi=dpi, bbox_inches="tight")
-    fig.savefig(out_dir / f"{name}.pdf", bbox_inches="tight")
-    plt.close(fig)
-
-
 # ---------------------------------------------------------------- bars: throughput, time per epoch, MFU
 def bar_panel(ax: plt.Axes, rows: pd.DataFrame, metric: str, scale: float, colours: dict) -> None:
     """One bar per strategy (mean, 95% CI error bar); OOM/unsupported/failed as hatched empty bars."""
     for x, row in enumerate(rows.itertuples()):
         value, half = getattr(row, metric) * scale, getattr(row, f"{metric}_ci95") * scale
         if row.status != C.OK:
-            mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
+            mark_missing(ax, x, status_mark(row.status))
         elif pd.isna(value):
             mark_missing(ax, x, "n/a")
         else:
@@ -224,22 +173,50 @@ def bar_panel(ax: plt.Axes, rows: pd.DataFrame, metric: str, scale: float, colou
     ax.set_ylim(bottom=0)
 
 
-def bar_figure(data: Data, metric: str, ylabel: str, scale: float = 1.0) -> plt.Figure:
-    keys = panel_keys(data.summary)
-    fig, axes = grid(len(keys), data.style)
-    for ax, (model, layout) in zip(axes, keys):
-        bar_panel(ax, panel_rows(data.summary, model, layout), metric, scale, data.colors)
-        ax.set_title(panel_title(data.summary, model, layout))
+def bars_by_strategy(data: Data, metric: str, ylabel: str, scale: float = 1.0, note_cpu: str = "") -> plt.Figure:
+    """One bar panel per (model, layout); `note_cpu` goes in the corner of panels whose runs are all on CPU."""
+    def draw(ax, rows, handles, key):
+        bar_panel(ax, rows, metric, scale, data.colors)
         ax.set_ylabel(ylabel)
-    if not keys:
-        empty_note(axes[0], "no runs")
-    return fig
+        if note_cpu and len(rows) and (rows["platform"].str.lower() == "cpu").all():
+            corner_note(ax, note_cpu)
+    return per_panel(data, draw)
 
 
 def throughput_figure(data: Data) -> plt.Figure:
     if len(data.summary) and data.summary["model"].map(is_image_model).all():
-        return bar_figure(data, "samples_per_s", "images/s (mean ± 95% CI)")
-    return bar_figure(data, "tokens_per_s", "tokens/s (mean ± 95% CI)")
+        return bars_by_strategy(data, "samples_per_s", "images/s (mean ± 95% CI)")
+    return bars_by_strategy(data, "tokens_per_s", "tokens/s (mean ± 95% CI)")
+
+
+# ---------------------------------------------------------------- measured against the step-time model
+PREDICTED_SPEED_LABEL = "predicted tokens/s (step-time model, workflow_scripts/plan/step_time.py)"
+
+
+def speed_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict, handles: dict) -> None:
+    """Measured tokens/s per strategy (bars, 95% CI) and the step-time model's prediction (a black tick); the
+    corner gives each strategy's error, prediction / measurement - 1."""
+    bar_panel(ax, rows, "tokens_per_s", 1.0, colours)
+    errors = []
+    for x, row in enumerate(rows.itertuples()):
+        if row.status == C.OK and pd.notna(row.predicted_tokens_per_s):
+            handles.setdefault(PREDICTED_SPEED_LABEL, ax.hlines(row.predicted_tokens_per_s, x - 0.45, x + 0.45,
+                                                                colors="black", linewidth=2.2))
+            errors.append(f"{row.strategy} {100 * (row.predicted_tokens_per_s / row.tokens_per_s - 1):+.0f} %")
+    corner_note(ax, "\n".join(errors))
+    ax.set_ylabel("tokens/s: measured (bar), predicted (tick)")
+
+
+def predicted_no_value(rows: pd.DataFrame) -> str:
+    ok = rows[rows["status"] == C.OK]
+    missing = ok.loc[ok["predicted_tokens_per_s"].isna(), "strategy"]
+    return "no prediction: " + ", ".join(missing) if len(missing) else ""
+
+
+def predicted_speed_figure(data: Data) -> plt.Figure:
+    """Measured tokens/s against the step-time model's prediction made before the run (see the module docstring)."""
+    return per_panel(data, lambda ax, rows, handles, key: speed_panel(ax, rows, data.colors, handles),
+                     legend={"loc": "outside lower center", "fontsize": "small"}, note=predicted_no_value)
 
 
 # ---------------------------------------------------------------- image classifiers: accuracy, LoRA vs full
@@ -247,7 +224,7 @@ def accuracy_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict) -> None:
     """Validation top-1 accuracy before (hatched) and after training, per strategy."""
     for x, row in enumerate(rows.itertuples()):
         if row.status != C.OK:
-            mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
+            mark_missing(ax, x, status_mark(row.status))
             continue
         colour = colours.get(row.strategy)
         ax.bar(x - 0.2, 100 * row.val_accuracy_initial, 0.4, color="white", edgecolor=colour, hatch="///")
@@ -289,7 +266,7 @@ def accuracy_figure(data: Data) -> plt.Figure:
 
 
 def time_per_epoch_figure(data: Data) -> plt.Figure:
-    return bar_figure(data, "time_per_epoch_s", "time per epoch (s, mean ± 95% CI)")
+    return bars_by_strategy(data, "time_per_epoch_s", "time per epoch (s, mean ± 95% CI)")
 
 
 def mfu_figure(data: Data) -> plt.Figure:
@@ -300,12 +277,7 @@ def mfu_figure(data: Data) -> plt.Figure:
         empty_note(axes[0], "MFU not defined on CPU")
         axes[0].set_title("MFU")
         return fig
-    fig = bar_figure(data, "mfu", "MFU (%, mean ± 95% CI)", scale=100.0)
-    for ax, (model, layout) in zip(fig.axes, panel_keys(data.summary)):
-        rows = panel_rows(data.summary, model, layout)
-        if len(rows) and (rows["platform"].str.lower() == "cpu").all():
-            corner_note(ax, "MFU not defined on CPU")
-    return fig
+    return bars_by_strategy(data, "mfu", "MFU (%, mean ± 95% CI)", scale=100.0, note_cpu="MFU not defined on CPU")
 
 
 # ---------------------------------------------------------------- the step's phases
@@ -320,7 +292,7 @@ def phases_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
         parts = [getattr(row, col) if col else None for col, _ in PHASES[:-1]]
         step = row.step_time_median_s
         if row.status != C.OK:
-            mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
+            mark_missing(ax, x, status_mark(row.status))
             continue
         if pd.isna(step) or any(pd.isna(p) for p in parts):
             mark_missing(ax, x, "n/a")
@@ -340,20 +312,12 @@ def phases_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
 def phases_figure(data: Data) -> plt.Figure:
     """Where a step's time goes, per strategy: forward, backward, optimizer (timed in the step loop: CUDA events on
     GPU, perf_counter on CPU) and the rest."""
-    keys = panel_keys(data.summary)
-    fig, axes = grid(len(keys), data.style, legend_width=2.2)
     colours = sns.color_palette("muted", 4)
-    handles: dict = {}
-    for ax, (model, layout) in zip(axes, keys):
-        phases_panel(ax, panel_rows(data.summary, model, layout), colours, handles)
-        ax.set_title(panel_title(data.summary, model, layout))
+
+    def draw(ax, rows, handles, key):
+        phases_panel(ax, rows, colours, handles)
         ax.set_ylabel("median step (ms)")
-    if not keys:
-        empty_note(axes[0], "no runs")
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5),
-                   frameon=False)
-    return fig
+    return per_panel(data, draw, legend={**RIGHT, "frameon": False}, legend_width=2.2)
 
 
 # ---------------------------------------------------------------- peak memory
@@ -377,7 +341,7 @@ def memory_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
     width = 0.8 / len(series)
     for x, row in enumerate(rows.itertuples()):
         if row.status != C.OK:
-            mark_missing(ax, x, STATUS_MARK.get(row.status, row.status))
+            mark_missing(ax, x, status_mark(row.status))
             continue
         for i, (col, label) in enumerate(series):
             value, half = getattr(row, col) / div, getattr(row, f"{col}_ci95") / div
@@ -402,19 +366,10 @@ def memory_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
 
 
 def peak_memory_figure(data: Data) -> plt.Figure:
-    keys = panel_keys(data.summary)
-    fig, axes = grid(len(keys), data.style)
     colours = sns.color_palette(data.style["palette"])
-    handles: dict = {}
-    for ax, (model, layout) in zip(axes, keys):
-        memory_panel(ax, panel_rows(data.summary, model, layout), colours, handles)
-        ax.set_title(panel_title(data.summary, model, layout))
-    if handles:
-        fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
-                   ncols=1 if len(keys) == 1 else 2, fontsize="small")
-    if not keys:
-        empty_note(axes[0], "no runs")
-    return fig
+    below = {"loc": "outside lower center", "ncols": 1 if len(panel_keys(data.summary)) == 1 else 2,
+             "fontsize": "small"}
+    return per_panel(data, lambda ax, rows, handles, key: memory_panel(ax, rows, colours, handles), legend=below)
 
 
 # ---------------------------------------------------------------- loss curves
@@ -444,20 +399,14 @@ def loss_panel(ax: plt.Axes, steps: pd.DataFrame, data: Data, handles: dict) -> 
 def loss_curves_figure(data: Data) -> plt.Figure:
     in_steps = data.steps.dropna(subset=["model"])
     keys = set(panel_keys(data.summary)) | set(zip(in_steps["model"].astype(str), in_steps["layout"]))
-    keys = sorted(keys, key=lambda k: panel_rank(data, k))
-    fig, axes = grid(len(keys), data.style, legend_width=1.5)
-    handles: dict = {}
-    for ax, (model, layout) in zip(axes, keys):
-        steps = data.steps[(data.steps["model"] == model) & (data.steps["layout"] == layout)]
+
+    def draw(ax, rows, handles, key):
+        steps = data.steps[(data.steps["model"] == key[0]) & (data.steps["layout"] == key[1])]
         loss_panel(ax, steps, data, handles)
-        titled(ax, panel_title(data.summary, model, layout), missing_note(panel_rows(data.summary, model, layout)))
         if steps.empty:
             ax.text(0.5, 0.5, "no step data", transform=ax.transAxes, ha="center", color="0.35")
-    if handles:
-        fig.legend(list(handles.values()), list(handles.keys()), loc="outside right center", fontsize="small")
-    if not keys:
-        empty_note(axes[0], "no runs")
-    return fig
+    return per_panel(data, draw, keys=sorted(keys, key=lambda k: panel_rank(data, k)), legend=RIGHT,
+                     note=missing_note, legend_width=1.5)
 
 
 # ---------------------------------------------------------------- memory timeline
@@ -532,12 +481,12 @@ def memory_timeline_figure(data: Data) -> plt.Figure:
         row = data.summary[(data.summary["model"] == model) & (data.summary["layout"] == layout)
                            & (data.summary["strategy"] == strategy)]
         status = row["status"].iloc[0] if len(row) else C.OK
-        ax.set_title(f"{strategy}{'' if status == C.OK else ' — ' + STATUS_MARK.get(status, status)}\n"
+        ax.set_title(f"{strategy}{'' if status == C.OK else ' — ' + status_mark(status)}\n"
                      f"{panel_title(data.summary, model, layout)}", fontsize="small")
         if samples["used_bytes"].notna().any():
             timeline_panel(ax, samples, div, unit, data.style["step_marker_every"])
         else:
-            empty_note(ax, STATUS_MARK.get(status, "no memory samples"))
+            empty_note(ax, "no memory samples" if status == C.OK else status_mark(status))
     if not keys:
         empty_note(axes[0], "no memory samples")
     return fig
@@ -572,14 +521,7 @@ def tradeoff_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict) -> None:
 
 
 def memory_vs_throughput_figure(data: Data) -> plt.Figure:
-    keys = panel_keys(data.summary)
-    fig, axes = grid(len(keys), data.style)
-    for ax, (model, layout) in zip(axes, keys):
-        rows = panel_rows(data.summary, model, layout)
-        tradeoff_panel(ax, rows, data.colors)
-        titled(ax, panel_title(data.summary, model, layout), tradeoff_note(rows))
-    if not keys:
-        empty_note(axes[0], "no runs")
+    fig = per_panel(data, lambda ax, rows, handles, key: tradeoff_panel(ax, rows, data.colors), note=tradeoff_note)
     fig.suptitle("Which strategy to pick: less memory (left), more tokens/s (up)")
     return fig
 
@@ -609,7 +551,7 @@ def scaling_panel(ax: plt.Axes, rows: pd.DataFrame, data: Data) -> None:
             ideal = [w for w in sizes if w >= w0]
             ax.plot(ideal, [y0 * w / w0 for w in ideal], color=colour, linestyle=(0, (2, 2)), linewidth=0.8)
         for row in s[s["status"] != C.OK].itertuples():
-            failed_marker(ax, trans, row.world_size, f"{strategy}: {STATUS_MARK.get(row.status, row.status)}",
+            failed_marker(ax, trans, row.world_size, f"{strategy}: {status_mark(row.status)}",
                           colour, stacked)
     ax.set_xticks(sizes)
     ax.margins(x=0.3)
@@ -636,7 +578,7 @@ def scaling_figure(data: Data) -> plt.Figure:
     if handles:
         handles.append(Line2D([], [], color="0.3", linestyle=(0, (2, 2))))
         labels.append("ideal linear (from smallest world size)")
-        fig.legend(handles, labels, loc="outside right center", fontsize="small")
+        fig.legend(handles, labels, **RIGHT)
     if not models:
         empty_note(axes[0], "no runs")
     return fig
@@ -669,8 +611,8 @@ def layouts_panels(axes, rows: pd.DataFrame, runs: pd.DataFrame, data: Data, on_
     for x, (row, ranks) in enumerate(zip(rows.itertuples(), per_rank)):
         colour = data.colors.get(row.strategy)
         if row.status != C.OK:
-            mark_missing(speed, x, STATUS_MARK.get(row.status, row.status))
-            mark_missing(memory, x, STATUS_MARK.get(row.status, row.status))
+            mark_missing(speed, x, status_mark(row.status))
+            mark_missing(memory, x, status_mark(row.status))
             continue
         value, half = ((row.tokens_per_s / row.world_size, row.tokens_per_s_ci95 / row.world_size) if on_cpu
                        else (100 * row.mfu, 100 * row.mfu_ci95))
@@ -706,19 +648,12 @@ def layouts_figure(data: Data) -> plt.Figure:
 
 
 # ---------------------------------------------------------------- CLI
-BUILDERS = {"loss_curves": loss_curves_figure, "peak_memory": peak_memory_figure, "throughput": throughput_figure,
-            "time_per_epoch": time_per_epoch_figure, "mfu": mfu_figure, "memory_timeline": memory_timeline_figure,
-            "memory_vs_throughput": memory_vs_throughput_figure, "scaling": scaling_figure,
-            "layouts": layouts_figure, "phases": phases_figure, "accuracy": accuracy_figure}
-assert list(BUILDERS) == FIGURES
-
-
 def write_all(data: Data, out_dir) -> list[Path]:
+    """Every study figure of the registry (report/figure_registry.py, stage `figures`)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     apply_style(data.style)
-    for name, build in BUILDERS.items():
-        save(build(data), out_dir, name, int(data.style["dpi"]))
+    for name in FIGURES:
+        save(figure_registry.entry(name).load()(data), out_dir, name, int(data.style["dpi"]))
     return [out_dir / f"{name}.{ext}" for name in FIGURES for ext in ("png", "pdf")]
 
 

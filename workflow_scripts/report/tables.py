@@ -43,7 +43,7 @@ METRICS = ["time_per_epoch_s", "train_time_s", "tokens_per_s", "samples_per_s", 
            "initial_loss", "val_loss_final", "step_time_median_s", "peak_memory_bytes", "peak_allocated_bytes",
            "peak_reserved_bytes", "sampler_peak_device_bytes", "peak_host_rss_bytes", "sampler_peak_host_bytes",
            "predicted_model_state_bytes", "predicted_host_state_bytes", "predicted_peak_bytes",
-           "predicted_device_peak_bytes", "val_accuracy_initial",
+           "predicted_device_peak_bytes", "predicted_tokens_per_s", "val_accuracy_initial",
            "val_accuracy_final", "trainable_params", "forward_median_s", "backward_median_s",
            "optimizer_median_s"]
 # configuration: taken from the group's first successful run (the same for every repeat)

@@ -221,17 +221,15 @@ def hta_table(paths: list[Path], key: str) -> pd.DataFrame:
     return table[ids + [c for c in table.columns if c not in ids]]
 
 
-def trace_figure(table: pd.DataFrame, out_png: Path) -> None:
+def traces_figure(table: pd.DataFrame, style: dict):
     """Per (model, layout) panel, one stacked bar per strategy (mean over ranks and repeats): HTA's compute /
     non-compute / idle shares of GPU time where there is one, else the step's phases; the communication overlap
-    above each bar. Drawn with the study figures' grid, style and saving (report/figures.py)."""
+    above each bar."""
     import seaborn as sns
 
-    from workflow_scripts.report.figures import apply_style, empty_note, grid, parse_style, save
+    from workflow_scripts.report.style import empty_note, grid, titled
     from workflow_scripts.report.tables import order_strategies
 
-    style = parse_style(None)
-    apply_style(style)
     keys = list(dict.fromkeys(zip(table["model"], table["layout"]))) if len(table) else []
     fig, axes = grid(len(keys), style, legend_width=2.5)
     colours = sns.color_palette("muted", 5)
@@ -256,13 +254,12 @@ def trace_figure(table: pd.DataFrame, out_png: Path) -> None:
                 ax.annotate(f"overlap {overlap:.0f}%", (x, bottom), ha="center", va="bottom", fontsize=8)
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
         ax.set_ylabel("% of GPU time (HTA)" if gpu else "recorded step (ms, host ranges)")
-        ax.set_title(f"{model}, {layout}")
+        titled(ax, f"{model}, {layout}")
     if not keys:
         empty_note(axes[0], "no traces")
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5),
-                   frameon=False)
-    save(fig, out_png.parent, out_png.stem, int(style["dpi"]))
+        fig.legend(list(handles.values()), list(handles), loc="outside right center", frameon=False)
+    return fig
 
 
 def main(argv=None):
@@ -276,6 +273,7 @@ def main(argv=None):
     study.add_argument("--analyses", nargs="*", default=[])
     study.add_argument("--table", required=True)
     study.add_argument("--figure", required=True)
+    study.add_argument("--style", default="{}", help="config `figures` as JSON")
     args = ap.parse_args(argv)
     if args.command == "analyse":
         result = analyse(Path(args.traces), Path(args.out_dir), args.top)
@@ -289,8 +287,11 @@ def main(argv=None):
         table.to_csv(out, index=False)
         for key, name in (("top_kernels", "traces_kernels.csv"), ("idle", "traces_idle.csv")):
             hta_table(paths, key).to_csv(out.parent / name, index=False)
-        Path(args.figure).parent.mkdir(parents=True, exist_ok=True)
-        trace_figure(table, Path(args.figure))
+        from workflow_scripts.report.style import apply_style, parse_style, save
+
+        style, figure = parse_style(args.style), Path(args.figure)
+        apply_style(style)
+        save(traces_figure(table, style), figure.parent, figure.stem, int(style["dpi"]))
         print(f"trace table: {len(table)} rows -> {args.table}")
 
 
