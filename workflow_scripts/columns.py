@@ -18,6 +18,8 @@ OOM = "oom"  # out of device memory (the run, or predicted before it started wit
 UNSUPPORTED = "unsupported"  # the strategy / layout cannot run this configuration here (the row says why)
 FAILED = "failed"  # anything else that ended without a summary
 NOT_OK = (OOM, UNSUPPORTED, FAILED)  # most telling first
+STATUS_CELL = {OOM: "OOM", UNSUPPORTED: "unsupported", FAILED: "failed"}  # a status as a table cell says it
+STATUS_MARK = {**STATUS_CELL, UNSUPPORTED: "n/a"}  # a status as a figure marks it (short: it is drawn vertically)
 
 # ---------------------------------------------------------------- one run's directory (training -> parse)
 SUMMARY = "summary.json"  # the run's row: trainer summary + sampler peaks + status

@@ -57,7 +57,7 @@ from workflow_scripts import columns as C  # noqa: E402
 from workflow_scripts.report.stats import t_quantile  # noqa: E402
 from workflow_scripts.columns import FIGURES, STEP_COLUMNS, VRAM_COLUMNS  # noqa: E402
 from workflow_scripts.report import figure_registry  # noqa: E402
-from workflow_scripts.report.style import (apply_style, corner_note, empty_note, grid, mark_missing,  # noqa: E402
+from workflow_scripts.report.style import (NO_VALUE, apply_style, corner_note, empty_note, grid, mark_missing,  # noqa: E402
                                            parse_style, save, status_mark, strategy_colours, strategy_ticks, titled)
 from workflow_scripts.report.tables import (is_image_model, layout_word, memory_unit, model_order, order_strategies,  # noqa: E402
                                             read_runs, read_table, strategy_rank, summarise, with_layout)
@@ -165,7 +165,7 @@ def bar_panel(ax: plt.Axes, rows: pd.DataFrame, metric: str, scale: float, colou
         if row.status != C.OK:
             mark_missing(ax, x, status_mark(row.status))
         elif pd.isna(value):
-            mark_missing(ax, x, "n/a")
+            mark_missing(ax, x, NO_VALUE)
         else:
             ax.bar(x, value, 0.8, color=colours.get(row.strategy), yerr=None if pd.isna(half) else half,
                    capsize=3, error_kw={"elinewidth": 1})
@@ -295,7 +295,7 @@ def phases_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
             mark_missing(ax, x, status_mark(row.status))
             continue
         if pd.isna(step) or any(pd.isna(p) for p in parts):
-            mark_missing(ax, x, "n/a")
+            mark_missing(ax, x, NO_VALUE)
             continue
         parts.append(max(step - sum(parts), 0.0))
         bottom = 0.0

@@ -22,7 +22,7 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 from workflow_scripts import columns as C  # noqa: E402
 from workflow_scripts import schema  # noqa: E402
 
-STATUS_MARK = {C.OOM: "OOM", C.UNSUPPORTED: "n/a", C.FAILED: "failed"}  # a status as a figure marks it
+NO_VALUE = C.STATUS_MARK[C.UNSUPPORTED]  # a successful run without the value a panel draws
 
 
 def default_style() -> dict:
@@ -84,7 +84,7 @@ def mark_missing(ax: plt.Axes, x: float, word: str, width: float = 0.8) -> None:
 
 
 def status_mark(status: str) -> str:
-    return STATUS_MARK.get(status, status)
+    return C.STATUS_MARK.get(status, status)
 
 
 def titled(ax: plt.Axes, title: str, note: str = "") -> None:

@@ -36,7 +36,6 @@ KEYS = GROUP_KEYS  # one summary row per (model, strategy, layout)
 # fixed, readable order of strategies (unknown ones follow, alphabetically)
 STRATEGY_ORDER = ["ddp", "ddp_overlap", "grad_accum", "zero0", "zero1", "zero2", "zero2_compress", "zero2_offload",
                   "zero3", "zero3_offload", "zero_infinity", "zeropp", "fsdp"]
-STATUS_WORD = {C.OOM: "OOM", C.UNSUPPORTED: "unsupported", C.FAILED: "failed"}  # a status as a table cell says it
 
 # metrics aggregated over the successful repeats of a (model, strategy, layout)
 METRICS = ["time_per_epoch_s", "train_time_s", "tokens_per_s", "samples_per_s", "mfu", "final_loss",
@@ -326,7 +325,7 @@ def throughput_cell(row, pm: str) -> str:
 def metric_cells(row, unit: tuple[str, float], pm: str, mark) -> list[str]:
     """Time/epoch, the step's phases, peak memory, final loss, tokens/s, MFU: mean ± CI, or the status word."""
     if row["status"] != C.OK:
-        return [STATUS_WORD.get(row["status"], row["status"])] * 6
+        return [C.STATUS_CELL.get(row["status"], row["status"])] * 6
     memory = fmt_mean_ci(row["peak_memory_bytes"] / unit[1], row["peak_memory_bytes_ci95"] / unit[1], pm=pm)
     sources = [s for s in str(row["peak_memory_source"]).split(";") if s]
     memory += "".join(mark(MEMORY_SOURCES[s][0]) for s in sources) if memory != "–" else ""
