@@ -5,6 +5,7 @@ import os
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from workflow_scripts import columns, config_check, container_image, study
+from workflow_scripts.report import figure_registry
 from workflow_scripts.report.report_hook import write_report_after_success
 from workflow_scripts.training.build_ops import export_extensions_dir
 from workflow_scripts.training.graceful_stop import (
@@ -49,7 +50,7 @@ try:  # the image of every job under --use-apptainer; a missing one is an error 
     )
 except container_image.ImageError as exc:
     raise WorkflowError(str(exc)) from None
-FIGURES = columns.FIGURES
+FIGURES = figure_registry.names("figures")
 
 
 wildcard_constraints:

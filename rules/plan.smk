@@ -1,7 +1,7 @@
 # Before anything runs (not part of `all`; needs no data and no GPU): `plan`, what fits on the study's GPU counts
 # (the analytic memory model, workflow_scripts/plan/planner.py), ranked by the step-time model where
 # plan.calibration names a calibration; `scale`, the study at the GPU counts and on the network of plan.scale
-# (workflow_scripts/plan/scale.py: every layout that fits, simulated).
+# (workflow_scripts/plan/scale.py: every layout that fits, simulated; its figure: report/scale_figure.py).
 
 
 rule plan:
@@ -42,5 +42,6 @@ rule scale:
         config=lambda w: plan_config("figures"),
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
-        "python3 -m workflow_scripts.plan.scale --config-json {params.config:q} --out-dir {params.out:q} "
+        "(python3 -m workflow_scripts.plan.scale --config-json {params.config:q} --out-dir {params.out:q} && "
+        "python3 -m workflow_scripts.report.scale_figure --csv {output.csv:q} --config-json {params.config:q}) "
         "> {log} 2>&1"

@@ -17,7 +17,7 @@ rule build_op:
 
 
 # Measured `auto` levers (config auto_levers.by: measurement): one trial per configuration before its repeats, each
-# candidate lever set a few steps on this machine (workflow_scripts/training/lever_trial.py); the runs read the verdict.
+# candidate lever set a few steps on this machine (workflow_scripts/job/lever_trial.py); the runs read the verdict.
 rule lever_trial:
     input:
         train=DATA["train"],
@@ -37,7 +37,7 @@ rule lever_trial:
     params:
         plan=lever_trial_plan,
     shell:
-        "python3 -m workflow_scripts.training.lever_trial --trial-json {params.plan:q} --out {output} > {log} 2>&1"
+        "python3 -m workflow_scripts.job.lever_trial --trial-json {params.plan:q} --out {output} > {log} 2>&1"
 
 
 rule train:
@@ -73,4 +73,4 @@ rule train:
             else ""
         ),
     shell:
-        "{params.launcher}python3 -m workflow_scripts.training.launch --spec-json {params.spec:q} > {log} 2>&1"
+        "{params.launcher}python3 -m workflow_scripts.job.launch --spec-json {params.spec:q} > {log} 2>&1"

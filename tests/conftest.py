@@ -82,7 +82,7 @@ def default_study(tmp_path_factory) -> Path:
 
 
 def launch_spec(token_data, tmp_path, name, nodes=1, **top) -> Path:
-    """A run spec for workflow_scripts.training.launch (gpt2-tiny, ddp, 4 CPU ranks, 8 steps unless overridden by
+    """A run spec for workflow_scripts.job.launch (gpt2-tiny, ddp, 4 CPU ranks, 8 steps unless overridden by
     `top`), written to tmp_path/<name>.json; results go to tmp_path/<name>/out."""
     train = {"micro_batch_size": 4, "grad_accum": 1, "epochs": 1, "max_steps": 8, "max_train_samples": None,
              "lr": 1e-3, "min_lr": 1e-4, "lr_warmup_steps": 2, "weight_decay": 0.1, "betas": [0.9, 0.95],
@@ -117,7 +117,7 @@ def run_layout(token_data, tmp_path, name, model, strategy, layout, **train) -> 
     world = Layout(**layout).world_size
     path = launch_spec(token_data, tmp_path, name, model=model, strategy=strategy, layout=layout, world_size=world,
                        train={"grad_accum": 2, "max_steps": 6, **train})
-    done = subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(path)], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = tmp_path / name / "out"

@@ -127,7 +127,7 @@ def test_chat_corpus_trains_on_the_answers_only(tmp_path):
             "manifest": str(tmp_path / "tokens.json")}
     spec = launch_spec(data, tmp_path, "sft", world_size=1,  # deterministic: torch has such kernels for every op
                        train={"max_steps": 12, "log_every": 3, "deterministic": True})
-    subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(spec)], cwd=REPO,
+    subprocess.run([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(spec)], cwd=REPO,
                    check=True, capture_output=True, timeout=600)
     summary = json.loads((tmp_path / "sft/out/summary.json").read_text())
     assert summary["final_loss"] < summary["initial_loss"] - 1.0
@@ -139,7 +139,7 @@ def test_damaged_token_files_stop_the_launcher_before_any_rank(token_data, tmp_p
     import shutil
 
     from conftest import launch_spec
-    from workflow_scripts.training import launch
+    from workflow_scripts.job import launch
 
     data = {k: str(tmp_path / f"{k}{'.json' if k == 'manifest' else '.npy'}") for k in ("train", "val", "manifest")}
     for k in data:

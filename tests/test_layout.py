@@ -30,7 +30,7 @@ def test_ranks_are_laid_out_pp_dp_cp_tp_with_tp_innermost():
 def test_context_asks_the_layout_for_the_data_parallel_size():
     import torch
 
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
     from workflow_scripts.training.precision import policy
 
     ctx = RunContext(rank=3, local_rank=3, local_world_size=8, device=torch.device("cpu"), platform="cpu",

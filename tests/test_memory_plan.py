@@ -182,7 +182,7 @@ def test_a_plan_names_the_missing_vocabulary():
 
 def test_refuse_oom_keeps_a_run_that_would_not_fit_from_starting(tmp_path):
     """Opt-in (plan.refuse_oom): the run is not started and its reason is the prediction; a fitting one starts."""
-    from workflow_scripts.training.launch import predicted_oom
+    from workflow_scripts.job.launch import predicted_oom
 
     manifest = tmp_path / "tokens_manifest.json"
     manifest.write_text(json.dumps({"block_size": 1024, "vocab_size": 50257}))

@@ -24,7 +24,7 @@ def spec(token_data, tmp_path, name, nodes):
 
 
 def launch(path, *extra):
-    return subprocess.Popen([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path), *extra],
+    return subprocess.Popen([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(path), *extra],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

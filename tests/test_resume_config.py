@@ -29,7 +29,7 @@ def run_spec(token_data, tmp_path, name, work, **train):
 
 
 def launch(path) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(path)], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout + done.stderr
 

@@ -110,6 +110,34 @@ def config_error(override: dict) -> str:
     return ""
 
 
+# lowest first: a package imports only those before it (the house's arrows all point down)
+LAYERS = ["units", "schema", "columns", "data", "measure", "training", "replay", "study", "config_check", "plan",
+          "job", "report", "doctor", "container_image", "bench"]
+
+
+def test_no_package_imports_upward_and_the_strategies_never_import_the_context_builder():
+    import ast
+
+    root = REPO / "workflow_scripts"
+    upward = []
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        here = parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and node.module else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                target = name.split(".")[1] if name.startswith("workflow_scripts.") else None
+                if target in LAYERS and here in LAYERS and LAYERS.index(target) > LAYERS.index(here):
+                    upward.append(f"{'/'.join(parts)} -> {name}")
+                if parts[:2] == ("training", "strategies") and name == "workflow_scripts.training.context":
+                    upward.append(f"{'/'.join(parts)} -> {name} (a circle through the registry)")
+    assert not upward, upward
+    assert set(LAYERS) >= {p.stem if p.is_file() else p.name for p in root.iterdir()
+                           if not p.name.startswith("_") and (p.is_dir() or p.suffix == ".py")}
+
+
 @pytest.mark.parametrize("override, named", BAD_CONFIGS)
 def test_bad_config_is_one_error_naming_the_key(override, named):
     found = config_error(override)
@@ -135,7 +163,7 @@ def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
     one (fp32, bf16-mixed) is refused before any job, naming the option and the precision key."""
     import torch
 
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
     from workflow_scripts.training.layout import Layout
     from workflow_scripts.training.precision import policy
     from workflow_scripts.training.strategies import STRATEGIES as ALL

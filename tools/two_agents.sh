@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One run as two "nodes" on one multi-GPU host: two launchers (workflow_scripts.training.launch), one GPU each, a
+# One run as two "nodes" on one multi-GPU host: two launchers (workflow_scripts.job.launch), one GPU each, a
 # c10d rendezvous on localhost. DeepSpeed then sees world size / device_count() = 2 and takes its multi-node code
 # paths, e.g. ZeRO++'s quantized gradient all-to-all (qgZ), which a single node never runs (STUDY.md).
 #   bash tools/two_agents.sh SPEC.json OUT_DIR WORK_DIR
@@ -17,7 +17,7 @@ json.dump(spec, open(f"{sys.argv[2]}/two_agents_spec.json", "w"), indent=2)
 PY
 port=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 for k in 0 1; do
-  CUDA_VISIBLE_DEVICES=$k python3 -m workflow_scripts.training.launch --spec "$out/two_agents_spec.json" \
+  CUDA_VISIBLE_DEVICES=$k python3 -m workflow_scripts.job.launch --spec "$out/two_agents_spec.json" \
     --nnodes 2 --node-rank $k --rdzv-endpoint "127.0.0.1:$port" > "$out/agent$k.log" 2>&1 &
 done
 wait

@@ -1,15 +1,13 @@
 """Names shared by the stages: the columns of the files one stage writes and the next reads, the per-run file
-names, the figure list. Files between stages are the contract; this module is where their names are written once.
+names. Files between stages are the contract; this module is where their names are written once.
 """
 from __future__ import annotations
-
-from workflow_scripts.report import figure_registry
 
 # ---------------------------------------------------------------- where things are in a results_dir
 RUN_DIR = "runs/{model}/{strategy}/{layout}/r{repeat}"  # one run's directory (layout: ws2, dp2-pp2-tp2, ...)
 RUNS_TABLE = "tables/runs.csv"  # the parse stage's run table
 TOKENS_MANIFEST = "data/tokens_manifest.json"  # the data stage's manifest (token blocks or image rows)
-LEVER_TRIAL = "levers/{model}/{strategy}/{layout}.json"  # a configuration's lever trial (training/lever_trial.py)
+LEVER_TRIAL = "levers/{model}/{strategy}/{layout}.json"  # a configuration's lever trial (job/lever_trial.py)
 RUN_TO_RUN = "verify/run_to_run.json"  # a committed set's measured run-to-run spread (report/verify.py)
 
 # ---------------------------------------------------------------- a run's status (summary.json, runs.csv, tables)
@@ -77,6 +75,3 @@ def layout_key(layout, world_size) -> str:
         return f"ws{int(float(world_size))}"
     return str(layout)
 
-
-# ---------------------------------------------------------------- figures (rules/figures.smk and report/figures.py)
-FIGURES = figure_registry.names("figures")  # the study figures (rule figures), in the registry's order

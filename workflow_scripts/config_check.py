@@ -57,7 +57,7 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
 
 
 def auto_levers_problems(config: dict) -> list[str]:
-    """A measured `auto` runs its trial through the one-node launcher (training/lever_trial.py)."""
+    """A measured `auto` runs its trial through the one-node launcher (job/lever_trial.py)."""
     if (config.get("auto_levers") or {}).get("by") == "measurement" and config["nodes"] > 1:
         return [f"auto_levers.by: measurement runs its trial on one node (nodes: {config['nodes']}): decide by rule "
                 "or set the levers (train.compile_blocks, compile_loss, compile_model)"]

@@ -10,7 +10,7 @@ studies/bench_harness.yaml`; rules bench_levers and bench_compare are its two pa
    effective batch, interleaved (the order rotates every round) in the same job; the table compares ours with the
    fastest Trainer setting, mean ± 95 % CI over `bench.rounds`.
 
-Our runs go through workflow_scripts.training.launch, i.e. the pipeline's own trainer, sampler and metrics. Precision: the
+Our runs go through workflow_scripts.job.launch, i.e. the pipeline's own trainer, sampler and metrics. Precision: the
 Trainer's `bf16=True` means autocast for DDP, DeepSpeed's bf16 mode and FSDP2's bf16 MixedPrecisionPolicy, so
 under a bf16 study policy our runs take the matching policy per family: bf16-mixed for DDP, bf16-pure for
 DeepSpeed and FSDP (recorded per row).
@@ -32,9 +32,9 @@ from workflow_scripts.bench import ceiling, trainer
 from workflow_scripts.measure.provenance import config_hash
 from workflow_scripts.training import levers
 from workflow_scripts.training.build_ops import needed_ops
-from workflow_scripts.training.lever_trial import measured, outcome, run_launcher, run_logged, write_spec
+from workflow_scripts.job.lever_trial import measured, outcome, run_launcher, run_logged, write_spec
 from workflow_scripts.training.precision import policy
-from workflow_scripts.training.launch import environment
+from workflow_scripts.job.launch import environment
 from workflow_scripts.training.strategies import get as get_strategy
 
 EAGER = dict.fromkeys(levers.LEVERS, False)  # the lever ladder starts eager: each lever adds one

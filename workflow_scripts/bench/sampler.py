@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from workflow_scripts.bench.harness import Rounds, spec_for
-from workflow_scripts.training.lever_trial import run_launcher
+from workflow_scripts.job.lever_trial import run_launcher
 from workflow_scripts.report.stats import mean_ci
 
 

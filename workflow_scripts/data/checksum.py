@@ -1,5 +1,5 @@
 """The data files' SHA-256, written into their manifest by the stage that makes them (tokenize, images) and
-checked by the launcher before any rank starts (training/launch.py): a cut, overwritten or swapped `train.npy`
+checked by the launcher before any rank starts (job/launch.py): a cut, overwritten or swapped `train.npy`
 is one error naming the file and the rule to rerun, never numpy's mmap error on every rank or a run that trains
 on garbage to an `ok` row.
 

@@ -3,8 +3,8 @@ and every model and strategy of the plan, every layout that the parallel dimensi
 pp, ep, dp the rest; training/parallel/ checks each as it checks a study's layouts) at every micro-batch of the
 plan, the predicted device-wide peak (memory model) and, for those that fit, the predicted step on the network of
 plan.scale (plan/fabric.py) at the rates of plan.calibration (plan/step_time.py). Writes scale.csv (every
-candidate), scale.md (the assumptions, then per model and GPU count the fastest layout of each kind) and scale.png
-(tokens/s per GPU against GPUs, one line per kind of layout).
+candidate) and scale.md (the assumptions, then per model and GPU count the fastest layout of each kind); the rule
+then draws scale.png from scale.csv (workflow_scripts/report/scale_figure.py).
 
     snakemake --cores 1 scale --configfile studies/parallelism.yaml studies/gpu/scale_h200.yaml
 
@@ -127,32 +127,6 @@ def markdown(frame: pd.DataFrame, config: dict, fabric: Fabric, device: str | No
     return "\n".join(lines)
 
 
-def scale_figure(frame: pd.DataFrame, style: dict, caption: str):
-    """Per model, the best predicted tokens/s per GPU of each kind of layout against the GPU count."""
-    from workflow_scripts.report import style as F
-
-    top = best(frame)
-    models = list(dict.fromkeys(frame["model"]))
-    fig, axes = F.grid(len(models), style, ncols=min(3, len(models)))
-    for ax, model in zip(axes, models):
-        part = top[top["model"] == model]
-        for name, line in part.groupby("kind", sort=True):
-            ax.plot(line["gpus"], line["predicted_tokens_per_s_per_gpu"], marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        counts = sorted(set(frame["gpus"]))
-        ax.set_xticks(counts, [str(n) for n in counts])
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("GPUs")
-        ax.set_ylabel("predicted tokens/s per GPU")
-        F.titled(ax, model)
-        if part.empty:
-            F.empty_note(ax, "nothing fits")
-        else:
-            ax.legend(title="layout", fontsize="small", ncols=3, loc="lower center")
-    fig.suptitle(caption, fontsize="small", wrap=True)
-    return fig
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config-json", required=True)
@@ -180,12 +154,6 @@ def main(argv=None):
     frame.to_csv(out / "scale.csv", index=False)
     text = markdown(frame, config, fabric, rates.device)
     (out / "scale.md").write_text(text)
-    from workflow_scripts.report.style import apply_style, parse_style, save
-
-    style = parse_style(config.get("figures"))
-    apply_style(style)
-    save(scale_figure(frame, style, f"Predicted, not measured: {rates.device}; {fabric.describe()}"), out, "scale",
-         style["dpi"])
     print(text)
 
 

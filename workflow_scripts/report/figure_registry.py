@@ -40,7 +40,7 @@ ENTRIES = (
     Entry("calibration", "calibration_figure", "report.calibration:calibration_figure"),
     Entry("claims", "claims", "report.claims:claims_figure"),
     Entry("traces", "trace_report", "report.traces:traces_figure"),
-    Entry("scale", "scale", "plan.scale:scale_figure"),
+    Entry("scale", "scale", "report.scale_figure:scale_figure"),
     Entry("memory_prediction", "benchmark (python -m workflow_scripts.bench.memory)",
           "bench.memory:memory_prediction_figure"),
 )

@@ -55,7 +55,7 @@ from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from workflow_scripts import columns as C  # noqa: E402
 from workflow_scripts.report.stats import t_quantile  # noqa: E402
-from workflow_scripts.columns import FIGURES, STEP_COLUMNS, VRAM_COLUMNS  # noqa: E402
+from workflow_scripts.columns import STEP_COLUMNS, VRAM_COLUMNS  # noqa: E402
 from workflow_scripts.report import figure_registry  # noqa: E402
 from workflow_scripts.report.style import (NO_VALUE, apply_style, corner_note, empty_note, grid, mark_missing,  # noqa: E402
                                            parse_style, save, status_mark, strategy_colours, strategy_ticks, titled)
@@ -63,6 +63,7 @@ from workflow_scripts.report.tables import (is_image_model, layout_word, memory_
                                             read_runs, read_table, strategy_rank, summarise, with_layout)
 
 __all__ = ["parse_style", "apply_style", "save"]  # the style module's, re-exported for the CLI's callers
+FIGURES = figure_registry.names("figures")  # the study figures (rule figures), in the registry's order
 BACKEND_LABEL = {"nvml": "device-wide used (NVML)", "amdsmi": "device-wide used (amdsmi)",
                  "torch": "torch reserved", "host": "host RSS, training processes"}
 BACKEND_PRIORITY = ["nvml", "amdsmi", "torch", "host"]

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from workflow_scripts.training.context import RunContext
+from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.models import MODELS, build_model, embedding_rows, with_lora
 
 

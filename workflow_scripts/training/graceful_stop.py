@@ -28,12 +28,12 @@ from workflow_scripts.training import workflow_watch
 
 STOPPED_EXIT = 128 + signal.SIGTERM  # what a process killed by SIGTERM returns to its shell
 STOPPED_MARKER = "stopped.json"  # in the run's output directory, written by rank 0
-LAUNCHER_MODULE = "workflow_scripts.training.launch"
+LAUNCHER_MODULE = "workflow_scripts.job.launch"
 
 
 # ---------------------------------------------------------------- Snakemake
 def launchers_below(root: int) -> list[int]:
-    """The training launchers (python -m workflow_scripts.training.launch) among root's descendants; not the
+    """The training launchers (python -m workflow_scripts.job.launch) among root's descendants; not the
     shells that run them, which die of SIGTERM and would orphan their launcher."""
     parents = {int(e.name): workflow_watch.parent_of(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
     below, frontier = set(), {root}

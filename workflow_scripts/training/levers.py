@@ -19,7 +19,7 @@ it saves there), where a block call is too small for compilation to pay (MIN_BLO
 there), under layout dimensions whose compiled runs were not checked on a GPU yet (parallel.Dimension.compiled_on_gpu)
 and for the MoE family (grouped_mm experts). The measurement: before a configuration's timed repeats, a few steps of
 each candidate lever set (CANDIDATES, whole-model compile and CUDA graphs among them) on the study's own machine and
-shape (rule lever_trial, training/lever_trial.py); the launcher applies the fastest (apply_trial). Either way the
+shape (rule lever_trial, job/lever_trial.py); the launcher applies the fastest (apply_trial). Either way the
 run spec records what the run does and why (`compile_auto`). `true` / `false` force them. `train.compile_mode` is
 torch.compile's mode for all of them (e.g. max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of
 compilation). What a run used is recorded in its `strategy_settings.json` under `harness`.

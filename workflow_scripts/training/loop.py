@@ -1,4 +1,4 @@
-"""The training loop, one process per rank, started by torchrun (see workflow_scripts.training.launch):
+"""The training loop, one process per rank, started by torchrun (see workflow_scripts.job.launch):
 
     torchrun --nproc-per-node 2 -m workflow_scripts.training.loop --spec run_spec.json
 
@@ -39,7 +39,8 @@ from workflow_scripts.measure.step_signal import StepPublisher
 from workflow_scripts.training import chunked_loss, determinism, levers, vision, workflow_watch
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
-from workflow_scripts.training.context import RunContext, init_distributed
+from workflow_scripts.training.context import init_distributed
+from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.graceful_stop import RankStop, signal_workflow
 from workflow_scripts.training.models import MODELS, count_params, count_trainable, model_flops_per_token
 from workflow_scripts.training.parallel import build_engine
@@ -382,7 +383,7 @@ def die_with_parent() -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--spec", required=True, help="run spec JSON written by workflow_scripts.training.launch")
+    ap.add_argument("--spec", required=True, help="run spec JSON written by workflow_scripts.job.launch")
     spec = json.loads(Path(ap.parse_args(argv).spec).read_text())
     die_with_parent()
     try:

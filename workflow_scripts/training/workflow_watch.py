@@ -1,6 +1,6 @@
 """A training job never outlives the workflow that started it.
 
-Snakemake runs a job as `bash -c '... python -m workflow_scripts.training.launch ...'`; when Snakemake alone is
+Snakemake runs a job as `bash -c '... python -m workflow_scripts.job.launch ...'`; when Snakemake alone is
 killed (SIGKILL from a batch system, the OOM killer, a closed terminal) the shell and the launcher are not, and
 the launcher would train to the end and write outputs nobody collects. The launcher therefore watches its
 ancestry: it records each ancestor and that ancestor's parent when it starts, and when any of them changes (an

@@ -8,7 +8,7 @@ from workflow_scripts.training import lazy
 from workflow_scripts.training.strategies.base import adamw_settings, batch_settings
 
 if TYPE_CHECKING:
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
 
 DDP_KEYS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters")
 

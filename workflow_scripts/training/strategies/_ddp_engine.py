@@ -12,7 +12,7 @@ from workflow_scripts.training.strategies._ddp import ddp_settings
 from workflow_scripts.training.strategies.engine import Engine, adamw
 
 if TYPE_CHECKING:
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
 
 
 class DDPEngine(Engine):

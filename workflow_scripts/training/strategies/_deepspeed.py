@@ -20,7 +20,7 @@ from workflow_scripts.training.precision import POLICIES
 from workflow_scripts.training.strategies.base import Strategy, adamw_settings
 
 if TYPE_CHECKING:
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
 
 
 def ds_config(ctx: RunContext, zero: dict, extra: dict, bf16_mode: bool) -> dict:
@@ -86,7 +86,7 @@ def check_context(options: dict) -> RunContext:
     from (CPU, one rank, a placeholder work_dir), with `options` as its section of strategy_options."""
     import torch
 
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
     from workflow_scripts.training.layout import Layout
     from workflow_scripts.training.precision import policy
 

@@ -11,7 +11,7 @@ from workflow_scripts.training.strategies._deepspeed import ds_settings
 from workflow_scripts.training.strategies.engine import Engine, adamw
 
 if TYPE_CHECKING:
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
 
 
 ZEROPP_CALLS = {  # what proves each ZeRO++ part ran, not only that it was configured (STUDY.md: qgZ engages across nodes)

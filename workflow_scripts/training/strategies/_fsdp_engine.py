@@ -11,7 +11,7 @@ from workflow_scripts.training.strategies.engine import Engine, adamw
 from workflow_scripts.training.strategies.fsdp import fsdp_settings
 
 if TYPE_CHECKING:
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
 
 
 class FSDPEngine(Engine):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 from workflow_scripts.training import lazy
 
 if TYPE_CHECKING:
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
 
 
 def adamw_settings(ctx: RunContext) -> dict:

@@ -21,7 +21,7 @@ from workflow_scripts.measure.profile import phase
 from workflow_scripts.training.models import transformer_blocks
 
 if TYPE_CHECKING:
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
 
 
 def input_ids(tokens: torch.Tensor) -> torch.Tensor:

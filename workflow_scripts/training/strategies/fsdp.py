@@ -13,7 +13,7 @@ from workflow_scripts.training import lazy
 from workflow_scripts.training.strategies.base import Strategy, adamw_settings, batch_settings
 
 if TYPE_CHECKING:
-    from workflow_scripts.training.context import RunContext
+    from workflow_scripts.training.run_context import RunContext
 
 
 def fsdp_settings(ctx: RunContext) -> dict:

@@ -57,9 +57,9 @@ def outcome(code: int, tail: str, summary: Path, what: str) -> dict:
 
 
 def run_launcher(spec: dict) -> dict:
-    """One run spec through the pipeline's launcher (training/launch.py); its summary."""
+    """One run spec through the pipeline's launcher (job/launch.py); its summary."""
     path = write_spec(spec)
-    code, tail = run_logged([sys.executable, "-m", "workflow_scripts.training.launch", "--spec", str(path)],
+    code, tail = run_logged([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(path)],
                             path.parent / "launch.log")
     if code == graceful_stop.STOPPED_EXIT:  # the workflow was asked to stop (SIGTERM): no further run starts
         raise SystemExit(code)

@@ -1,7 +1,7 @@
 """One training job: checks, the VRAM sampler, torchrun with one process per rank, and the run's result row.
 
-    python -m workflow_scripts.training.launch --spec-json '<run spec>'         (what rules/train.smk runs)
-    python -m workflow_scripts.training.launch --spec results/.../run_spec.json  (rerun a saved run by hand)
+    python -m workflow_scripts.job.launch --spec-json '<run spec>'         (what rules/train.smk runs)
+    python -m workflow_scripts.job.launch --spec results/.../run_spec.json  (rerun a saved run by hand)
 
 Outcomes, each a `summary.json` with a `status`:
   ok          -- training finished; the trainer's metrics, the sampler's peaks and provenance merged;
