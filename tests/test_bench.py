@@ -141,3 +141,68 @@ def test_a_rerun_of_a_cut_bench_keeps_its_own_configs_runs_only(tmp_path):
     assert (tmp_path / "x.md").exists()
     changed = Rounds(tmp_path / "x_rounds.csv", {"bench": {"rounds": 4}}, lambda df: df)
     assert changed.rows == [] and not changed.done(runner="ours", repeat=0)
+
+
+def tiny_bench_set(root, name="h100-tiny"):
+    """One committed-looking set: a lever ladder with its rounds file and a comparison with its ceiling row."""
+    bench = root / name / "bench"
+    bench.mkdir(parents=True)
+    rounds = [{"lever": lever, "repeat": r, "status": "ok", "tokens_per_s": v, "strategy": "ddp"}
+              for r in range(3) for lever, v in (("eager", 40_000 + 2_000 * r), ("compiled", 100_000 + 10_000 * r))]
+    pd.DataFrame(rounds).to_csv(bench / "levers_rounds.csv", index=False)
+    pd.DataFrame([{"lever": "eager", "rounds": 3, "status": "ok", "tokens_per_s": 42_000.0, "mfu": 0.1034,
+                   "peak_allocated_gib": 14.9, "final_loss": 6.8299, "step_time_s": 0.0975, "micro_batch": 4.0,
+                   "strategy": "ddp"},
+                  {"lever": "compiled", "rounds": 3, "status": "ok", "tokens_per_s": 110_000.0, "mfu": 0.2708,
+                   "peak_allocated_gib": 8.81, "final_loss": 6.8301, "step_time_s": 0.0372, "micro_batch": 4.0,
+                   "strategy": "ddp"}]).to_csv(bench / "levers.csv", index=False)
+    pd.DataFrame([{"strategy": "ddp", "ours tokens/s": 125_512.8, "ours ±95%": 874.7, "trainer:compile tokens/s":
+                   56_354.0, "trainer:compile ±95%": 32_782.8, "trainer best": "trainer:compile",
+                   "ratio to best": 2.2272, "CIs overlap": False, "ours / ceiling": 1.002, "ours MFU": 0.30854,
+                   "trainer best MFU": 0.13853},
+                  {"strategy": "ceiling", "ours MFU": 0.30793, "ceiling tokens/s": 125_262.2,
+                   "ceiling ±95%": 425.2}]).to_csv(bench / "harness_vs_trainer.csv", index=False)
+    return name
+
+
+def test_benchmarks_md_rewrites_only_the_marked_tables_from_the_sets_csvs(tmp_path):
+    """BENCHMARKS.md's generated tables (rule benchmarks_md): each marked region becomes the table of its sets, mean
+    ± 95 % CI from the rounds file; the text around it stays, a second run changes nothing, a missing set is named."""
+    from workflow_scripts.bench import benchmarks_md
+
+    name = tiny_bench_set(tmp_path / "results")
+    before, between, after = "# Bench\n\nProse before.\n", "\nProse between.\n", "\nProse after.\n"
+    md = tmp_path / "BENCH.md"
+    md.write_text(f'{before}<!-- bench-table sets="{name}" table="levers" -->\nhand table\n<!-- /bench-table -->'
+                  f'{between}<!-- bench-table sets="{name}" table="compare" -->\n<!-- /bench-table -->{after}')
+    argv = ["--file", str(md), "--results", str(tmp_path / "results")]
+    assert benchmarks_md.main(argv) == 0
+    text = md.read_text()
+    assert text.startswith(before) and text.endswith(after) and between in text and "hand table" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    # t(0.975, 2) = 4.303: 10,000 x 4.303 / sqrt(3) and 2,000 x 4.303 / sqrt(3)
+    assert rows[0] == (f"| `{name}` | eager | `ddp` | 4 | 42,000 ± 4,968 | 1.00× | 10.3 % | 97.5 | 14.9 | 6.830 |")
+    assert "| compiled | `ddp` | 4 | 110,000 ± 24,841 | 2.62× | 27.1 % | 37.2 | 8.8 | 6.830 |" in text
+    assert rows[1].startswith(f"| `{name}` | – | `ddp` | 125,513 ± 875 (30.9 %) | compile | 56,354 ± 32,783 (13.9 %) "
+                              "| 2.23× | yes | 1.00 |")
+    assert "| ceiling | 125,262 ± 425 (30.8 %) |" in text
+    assert benchmarks_md.main(argv + ["--check"]) == 0 and benchmarks_md.main(argv) == 0 and md.read_text() == text
+    assert benchmarks_md.inputs(md, tmp_path / "results")[:2] == [
+        str(tmp_path / "results" / name / "bench" / f) for f in ("levers.csv", "levers_rounds.csv")]
+
+    md.write_text(text.replace(f'sets="{name}" table="compare"', f'sets="{name},h100-gone" table="compare"'))
+    with pytest.raises(benchmarks_md.BenchTableError, match="set 'h100-gone'.*h100-gone/bench/harness_vs_trainer.csv"):
+        benchmarks_md.rewrite(md.read_text(), tmp_path / "results")
+    assert benchmarks_md.main(argv) == 2  # one message, nothing written
+    assert "h100-gone" in md.read_text() and md.read_text().count("125,513") == 1
+
+
+def test_benchmarks_md_matches_the_committed_results(capsys):
+    """BENCHMARKS.md's generated tables are what the committed sets give (else: `snakemake --cores 1 benchmarks_md`)."""
+    from conftest import REPO
+
+    from workflow_scripts.bench import benchmarks_md
+
+    code = benchmarks_md.main(["--file", str(REPO / "BENCHMARKS.md"), "--results",
+                               str(REPO / "results/bench_harness"), "--check"])
+    assert code == 0, capsys.readouterr().out[-4000:]
