@@ -26,13 +26,13 @@ fi
 python3 -m pip install -q "$(grep -E '^torch==' "$here/requirements.txt")"
 python3 -m pip install -q -r "$here/requirements.txt"
 python3 -c "import torch, deepspeed, snakemake; print('torch', torch.__version__, '| deepspeed', deepspeed.__version__)"
-# DeepSpeed's CPU ops (shared-memory collectives, cpu_adam, async_io) into this machine's op cache, once, as the
+# DeepSpeed's CPU ops (cpu_adam, async_io) into this machine's op cache, once, as the
 # workflow's build_op stage does (workflow_scripts/training/build_ops.py). Measured on an emptied 2-core machine:
 # setup 6 min 53 s + default study 4 min 34 s this way, against 2 min 17 s + 10 min 41 s when the study builds them
 # among its training jobs; the suite no longer spends its first ~5 minutes on them. A failed build is only reported
 # here; a study records it as the strategy's `unsupported` row.
 ops_dir="$(mktemp -d)"
-for op in ShareMemCommBuilder CPUAdamBuilder AsyncIOBuilder; do
+for op in CPUAdamBuilder AsyncIOBuilder; do
   (cd "$here/.." && DS_ACCELERATOR=cpu python3 -m workflow_scripts.training.build_ops --op "$op" --platform cpu \
      --out "$ops_dir/$op.json" > "$ops_dir/$op.log" 2>&1) &
 done

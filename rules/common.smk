@@ -124,7 +124,7 @@ def stage_code(*modules):
 def ops_for(wildcards):
     from workflow_scripts.training.build_ops import needed_ops
 
-    return expand(f"{W}/ops/{{op}}.json", op=needed_ops(wildcards.strategy, PLATFORM))
+    return expand(f"{W}/ops/{{op}}.json", op=needed_ops(wildcards.strategy))
 
 
 def spec_of(w, overrides, out_pattern, work_root, measured=False):
@@ -220,7 +220,7 @@ def bench_ops(wildcards):
         | {b["lever_strategy"]}
         | {lv["strategy"] for lv in b["levers"] if "strategy" in lv}
     )
-    names = sorted({op for s in used for op in needed_ops(s, PLATFORM)})
+    names = sorted({op for s in used for op in needed_ops(s)})
     return expand(f"{W}/ops/{{op}}.json", op=names)
 
 

@@ -158,15 +158,15 @@ def test_every_pin_is_installed_from_the_same_requirements_file(platform, tmp_pa
     assert "'^deepspeed=='" in body
 
 
-def needed_ops(platform: str) -> dict[str, tuple[str, str]]:
-    """op builder class -> (op name, DS_BUILD_ variable), for every op a strategy loads on this platform, as
+def needed_ops() -> dict[str, tuple[str, str]]:
+    """op builder class -> (op name, DS_BUILD_ variable), for every op a strategy loads, as
     DeepSpeed's CUDA accelerator (used by CUDA and ROCm torch alike) resolves them."""
     code = (
         "import json, sys\n"
         "from workflow_scripts.training.build_ops import needed_ops\n"
         "from workflow_scripts.training.strategies import STRATEGIES\n"
         "from deepspeed.accelerator import get_accelerator\n"
-        f"ops = sorted({{op for s in STRATEGIES for op in needed_ops(s, {platform!r})}})\n"
+        "ops = sorted({op for s in STRATEGIES for op in needed_ops(s)})\n"
         "out = {}\n"
         "for op in ops:\n"
         "    b = get_accelerator().create_op_builder(op)\n"
@@ -180,7 +180,7 @@ def needed_ops(platform: str) -> dict[str, tuple[str, str]]:
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
 def test_deepspeed_ops_are_compiled_into_the_gpu_images(platform):
     body = function_body("python_gpu").replace("\\\n", " ")
-    ops = needed_ops(platform)
+    ops = needed_ops()
     assert {"CPUAdamBuilder", "AsyncIOBuilder"} <= set(ops), ops  # offload and ZeRO-Infinity at least
     install = next(line for line in body.splitlines() if "$ds_spec" in line and "pip install" in line)
     assert "DS_BUILD_OPS=0" in install and "--no-build-isolation" in install

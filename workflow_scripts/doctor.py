@@ -68,7 +68,7 @@ def strategy_table(strategies: list[str], platform: str, build: bool) -> list[di
     rows, cache = [], {}
     for name in strategies:
         reasons = []
-        for op in needed_ops(name, platform):
+        for op in needed_ops(name):
             if op not in cache:
                 cache[op] = op_status(op, platform, build)
             if cache[op]:

@@ -52,7 +52,7 @@ def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, 
              world_size: int | None = None) -> dict:
     """The run spec of one benchmark run: results under out/run, scratch under work_dir/bench/run."""
     b = config["bench"]
-    ops = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy, config["platform"])]
+    ops = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy)]
     spec = study.run_spec(config, b["model"], strategy, world_size or b["world_size"], repeat,
                           {**b["train"], **overrides}, out_dir=str(out / run),
                           work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=ops)

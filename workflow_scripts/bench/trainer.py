@@ -38,6 +38,7 @@ from workflow_scripts import columns as C
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.training.batches import load_data, make_model
 from workflow_scripts.training.context import from_spec, process_env
+from workflow_scripts.training.strategies._deepspeed import gloo_collectives_on_cpu
 from workflow_scripts.training.models import count_params, model_flops_per_token, transformer_blocks
 from workflow_scripts.training.strategies import get as get_strategy
 from workflow_scripts.training.strategies.engine import input_ids, targets
@@ -156,6 +157,7 @@ def run(spec: dict) -> dict | None:
     if total_steps <= warmup:
         raise ValueError(f"bench.trainer: {total_steps} steps leave none after {warmup} timing warm-up steps")
     setting = spec.get("trainer_setting", "eager")
+    gloo_collectives_on_cpu(spec["platform"])  # the same collectives as ours (no-op on GPU)
     extra, recorded = strategy_arguments(spec, ctx, model)
     setting_extra, why_not = setting_arguments(setting, model)
     if why_not:

@@ -62,11 +62,9 @@ def export_extensions_dir(setting: str | None, platform: str) -> str:
     return os.environ["TORCH_EXTENSIONS_DIR"]
 
 
-def needed_ops(strategy: str, platform: str) -> list[str]:
-    s = get_strategy(strategy)
-    # DeepSpeed's CPU collectives op, loaded by deepspeed.init_distributed on the CPU accelerator
-    comm = ["ShareMemCommBuilder"] if platform == "cpu" and s.family == "deepspeed" else []
-    return comm + list(s.ops)
+def needed_ops(strategy: str) -> list[str]:
+    """The strategy's own ops (DeepSpeed's CPU collectives op is never loaded: _deepspeed.gloo_collectives_on_cpu)."""
+    return list(get_strategy(strategy).ops)
 
 
 @contextlib.contextmanager

@@ -38,6 +38,9 @@ def apply(model: nn.Module, ctx, family: str) -> None:
 
     from workflow_scripts.training.parallel._ulysses import attention, forward_loss
 
+    from workflow_scripts.training.strategies._deepspeed import gloo_collectives_on_cpu
+
+    gloo_collectives_on_cpu(ctx.platform)
     deepspeed.comm.init_distributed(dist_backend=ctx.backend, auto_mpi_discovery=False)  # joins torch's group
     AttentionInterface.register(ATTENTION, attention(ctx.layout.cp, ctx.mesh["cp"].get_group()))
     model.config._attn_implementation = ATTENTION

@@ -56,8 +56,29 @@ def ds_settings(ctx: RunContext, cfg: dict) -> dict:
     if ctx.precision.autocast_bf16 and "bf16" in cfg:
         detail = ("differs: " + POLICIES["bf16-pure"].detail
                   + " (DeepSpeed refuses torch_autocast with quantized weights)")
-    return {"engine": "deepspeed.initialize", "deepspeed_config": cfg, "precision": ctx.precision.name,
-            "precision_detail": detail, "optimizer": {**adamw_settings(ctx), "impl": optimizer}}
+    out = {"engine": "deepspeed.initialize", "deepspeed_config": cfg, "precision": ctx.precision.name,
+           "precision_detail": detail, "optimizer": {**adamw_settings(ctx), "impl": optimizer}}
+    if ctx.device.type == "cpu":
+        out["collectives"] = CPU_COLLECTIVES
+    return out
+
+
+CPU_COLLECTIVES = "torch.distributed over gloo, as DDP and FSDP2 (DeepSpeed's shared-memory all-reduce op off)"
+
+
+def gloo_collectives_on_cpu(platform: str) -> None:
+    """On CPU, DeepSpeed's collectives stay on torch's gloo, where DDP's and FSDP2's run: its CPU accelerator would
+    otherwise swap in its own shared-memory all-reduce (another collective implementation for one family only, and
+    a C++ op to compile on every new machine). Call before DeepSpeed's comm starts (deepspeed.initialize,
+    deepspeed.comm.init_distributed): DeepSpeed builds that op only where its compatibility table allows it."""
+    if platform != "cpu":
+        return
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 DeepSpeedEngine = lazy.part(f"{__package__}._deepspeed_engine", "DeepSpeedEngine")  # (model, ctx, cfg) -> the engine

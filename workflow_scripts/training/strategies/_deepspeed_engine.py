@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from workflow_scripts.training.models import transformer_blocks
-from workflow_scripts.training.strategies._deepspeed import ds_settings
+from workflow_scripts.training.strategies._deepspeed import ds_settings, gloo_collectives_on_cpu
 from workflow_scripts.training.strategies.engine import Engine, adamw
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ class DeepSpeedEngine(Engine):
         if any(zero.get(k) for k in ("zero_quantized_weights", "zero_quantized_gradients", "zero_hpz_partition_size")):
             count_zeropp_calls(ctx.parallel.setdefault("zeropp_calls", {}))
         optimizer = None if "optimizer" in cfg else adamw(model.parameters(), ctx)
+        gloo_collectives_on_cpu(ctx.platform)
         self.module, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=cfg,
             model_parameters=model.parameters() if optimizer is None else None)
