@@ -22,6 +22,7 @@ class ReplicatedEngine(FSDPEngine):
         mp = ctx.precision.fsdp_policy()
         self.module = replicate(model, mesh=ctx.data_mesh, mp_policy=mp)
         self.optimizer = adamw(model.parameters(), ctx)
+        self.stepper = self.optimizer  # torch's own step over the DTensors
         self.settings = {"engine": "torch.distributed._composable.replicate_with_fsdp.replicate over mesh['dp']",
                          "mixed_precision_policy": "bf16 params and reduce" if ctx.precision.bf16_params else None,
                          **batch_settings(ctx), "optimizer": adamw_settings(ctx)}

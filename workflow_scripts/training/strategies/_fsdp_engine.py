@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from workflow_scripts.training.grad_norm import clip_
+from workflow_scripts.training.local_step import LocalAdamW
 from workflow_scripts.training.models import transformer_blocks
 from workflow_scripts.training.strategies.engine import Engine, adamw
 from workflow_scripts.training.strategies.fsdp import fsdp_settings
@@ -32,6 +33,7 @@ class FSDPEngine(Engine):
             fully_shard(block, **kwargs)
         self.module = fully_shard(model, **kwargs)
         self.optimizer = adamw(model.parameters(), ctx)
+        self.stepper = LocalAdamW(self.optimizer) if self.settings["local_step"] else self.optimizer
 
     def micro_step(self, last: bool):
         self.module.set_requires_gradient_sync(last)
@@ -41,13 +43,15 @@ class FSDPEngine(Engine):
         (loss / self.ctx.accum).backward()
 
     def optimizer_step(self, lr: float) -> None:
-        if self.ctx.grad_clip and self.ctx.layout.data_only:
+        if self.ctx.grad_clip and self.stepper is not self.optimizer:  # torch's norm, scaled on the shards' data
+            clip_(self.module.parameters(), self.ctx.grad_clip)
+        elif self.ctx.grad_clip and self.ctx.layout.data_only:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.ctx.grad_clip)
         elif self.ctx.grad_clip:  # tensor-parallel DTensors on another mesh than the replicated ones
             clip_(self.module.parameters(), self.ctx.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        self.stepper.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def _state(self):

@@ -1,5 +1,8 @@
 """fsdp: PyTorch FSDP2 (`torch.distributed.fsdp.fully_shard`), full sharding of every transformer block and the
-root module, optional CPU offload (`strategy_options.fsdp.cpu_offload: true`).
+root module, optional CPU offload (`strategy_options.fsdp.cpu_offload: true`). The optimizer step and the gradient
+clipping's scaling run on each rank's local shards (training/local_step.py: torch's AdamW kernels without DTensor
+dispatch, the same losses); `strategy_options.fsdp.local_step: false` steps the DTensors through torch's own
+`optimizer.step()` and `clip_grad_norm_`.
 
 Precision: fp32 and bf16-mixed keep fp32 sharded parameters (bf16-mixed computes under the loop's autocast, as
 DDP does); bf16-pure uses MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) over fp32 sharded master
@@ -21,6 +24,7 @@ def fsdp_settings(ctx: RunContext) -> dict:
     return {"engine": "torch.distributed.fsdp.fully_shard (FSDP2)", "sharding": "full (per transformer block + root)",
             "reshard_after_forward": bool(ctx.options.get("reshard_after_forward", True)),
             "cpu_offload": bool(ctx.options.get("cpu_offload", False)), "mixed_precision_policy": mp,
+            "local_step": bool(ctx.options.get("local_step", True)),
             "mesh": "dp", **batch_settings(ctx), "optimizer": adamw_settings(ctx)}
 
 
@@ -28,7 +32,7 @@ STRATEGY = Strategy(
     name="fsdp", family="fsdp", zero_stage=3,
     description="PyTorch FSDP2 fully_shard, full sharding, optional CPU offload",
     settings=fsdp_settings,
-    option_keys=("reshard_after_forward", "cpu_offload"),
+    option_keys=("reshard_after_forward", "cpu_offload", "local_step"),
     build=lazy.part(f"{__package__}._fsdp_engine", "FSDPEngine"),
     offload_optimizer=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
     offload_params=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
