@@ -69,7 +69,7 @@ def strategy_arguments(spec: dict, ctx, model) -> tuple[dict, dict]:
     if strategy.family == "fsdp":
         block = type(transformer_blocks(model)[0]).__name__
         fsdp_config = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": [block],
-                       "reshard_after_forward": bool(ctx.options.get("reshard_after_forward", True))}
+                       "reshard_after_forward": settings["reshard_after_forward"]}  # as ours resolves it
         return ({"fsdp": "full_shard auto_wrap", "fsdp_config": fsdp_config},
                 {"fsdp": "full_shard auto_wrap", "fsdp_config": fsdp_config})
     return {}, {"ddp": "Trainer's own DistributedDataParallel"}

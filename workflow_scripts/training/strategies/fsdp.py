@@ -19,10 +19,20 @@ if TYPE_CHECKING:
     from workflow_scripts.training.run_context import RunContext
 
 
+def reshard_after_forward(ctx: RunContext) -> bool:
+    """The option where a study sets it; else free the gathered parameters after forward (FSDP2's default) unless
+    the data-parallel mesh is one rank: there nothing is sharded, and resharding only repeats every block's
+    all-gather in backward (one H100, GPT-2-medium, micro-batch 16: backward 62 ms kept against 83 ms resharded,
+    +0.66 GiB peak; results/bench_harness/h100-fsdp-local-step)."""
+    if "reshard_after_forward" in ctx.options:
+        return bool(ctx.options["reshard_after_forward"])
+    return ctx.layout.dp * ctx.layout.cp > 1
+
+
 def fsdp_settings(ctx: RunContext) -> dict:
     mp = {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"} if ctx.precision.bf16_params else None
     return {"engine": "torch.distributed.fsdp.fully_shard (FSDP2)", "sharding": "full (per transformer block + root)",
-            "reshard_after_forward": bool(ctx.options.get("reshard_after_forward", True)),
+            "reshard_after_forward": reshard_after_forward(ctx),
             "cpu_offload": bool(ctx.options.get("cpu_offload", False)), "mixed_precision_policy": mp,
             "local_step": bool(ctx.options.get("local_step", True)),
             "mesh": "dp", **batch_settings(ctx), "optimizer": adamw_settings(ctx)}
