@@ -32,6 +32,16 @@ def mfu(flops_per_token: float, tokens_per_s: float, world_size: int, device_nam
     return flops_per_token * tokens_per_s / (world_size * peak * 1e12)
 
 
+ZERO_PARTITIONS_FROM = {"optimizer states": 1, "gradients": 2, "parameters": 3}  # the ZeRO stage that shards each
+
+
+def partitioned(part: str, zero_stage: int) -> bool:
+    """Whether ZeRO stage `zero_stage` partitions this model state over the data-parallel ranks (ZeRO paper: stage 1
+    the optimizer states, 2 also the gradients, 3 also the parameters); the one rule the memory model and the
+    run's own model-state prediction read."""
+    return zero_stage >= ZERO_PARTITIONS_FROM[part]
+
+
 def model_state_bytes(n_params: int, dp_size: int, zero_stage: int, state_bytes: tuple[int, int, int],
                       offload_optimizer: bool = False, offload_params: bool = False) -> dict:
     """Predicted model-state memory per rank (ZeRO paper, sec. 3 and 5) over `dp_size` data-parallel ranks, with
@@ -45,14 +55,14 @@ def model_state_bytes(n_params: int, dp_size: int, zero_stage: int, state_bytes:
     stage 2, 2Ψ/N more at stage 3. tests/test_models_metrics.py pins that relation."""
     p, g, o = (b * n_params for b in state_bytes)
     n = dp_size
-    p_dev = p / n if zero_stage >= 3 else p
-    g_dev = g / n if zero_stage >= 2 else g
-    o_dev = o / n if zero_stage >= 1 else o
+    p_dev = p / n if partitioned("parameters", zero_stage) else p
+    g_dev = g / n if partitioned("gradients", zero_stage) else g
+    o_dev = o / n if partitioned("optimizer states", zero_stage) else o
     host = 0.0
-    if offload_optimizer:
-        host += o_dev + (g_dev if zero_stage >= 1 else 0.0)
+    if offload_optimizer:  # the CPU Adam step reads the gradient partition from host memory
+        host += o_dev + (g_dev if partitioned("optimizer states", zero_stage) else 0.0)
         o_dev = 0.0
-        g_dev = 0.0 if zero_stage >= 1 else g_dev
+        g_dev = 0.0 if partitioned("optimizer states", zero_stage) else g_dev
     if offload_params:
         host += p_dev
         p_dev = 0.0

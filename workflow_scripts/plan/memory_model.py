@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from workflow_scripts.measure.metrics import partitioned
 from workflow_scripts.training.precision import policy
 from workflow_scripts.units import GIB
 
@@ -140,7 +141,8 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
       on the host with offload) and its reduce (IPG) bucket, `reduce_bucket_size` elements in the parameters' dtype,
       allocated on the GPU at start-up whatever the offload (DeepSpeed 0.19 stage3.py).
       Stage 2's gradient partition is not alive at the start of backward (measured: ZeRO-2 peaks as ZeRO-1).
-    - FSDP2: nothing beyond the shards at that point (its unsharded block is freed after forward)."""
+    - FSDP2: nothing beyond the shards at that point (its unsharded block is freed after forward; not counted: on a
+      one-rank data-parallel mesh fsdp keeps the gathered parameters, +2 bytes per parameter under bf16-pure)."""
     if family == "ddp":
         return state_bytes(family, precision)[1] * p if ddp_wrapped else 0.0
     if family != "deepspeed":
@@ -280,10 +282,11 @@ def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: 
     grads = 0.0
     if accum > 1:  # gradients of earlier micro-batches stay until the optimizer step: unsharded for DDP and for
         # FSDP2, which skips the reduce-scatter (set_requires_gradient_sync(False)) until the last micro-batch
-        grads = grad_b * train_frac / (dp if family == "deepspeed" and zero_stage >= 2 else 1)
+        grads = grad_b * train_frac / (dp if family == "deepspeed" and partitioned("gradients", zero_stage) else 1)
     return {
-        "parameters": 0.0 if offload_params else param_b / (dp if zero_stage >= 3 else 1),
-        "optimizer states": 0.0 if offload_optimizer else opt_b / (dp if zero_stage >= 1 else 1),
+        "parameters": 0.0 if offload_params else param_b / (dp if partitioned("parameters", zero_stage) else 1),
+        "optimizer states": 0.0 if offload_optimizer else opt_b / (dp if partitioned("optimizer states", zero_stage)
+                                                                    else 1),
         "engine buffers": engine_bytes(family, zero_stage, p * train_frac, dp, precision, offload_optimizer,
                                        reduce_bucket, ddp_wrapped),
         "gradients (accumulating)": grads,
