@@ -116,16 +116,21 @@ def test_bench_config_errors_name_the_key(default_study):
     assert "bench: unknown strategy 'zero9'" in done.stdout + done.stderr
 
 
-def test_the_schema_offers_exactly_the_trainer_settings_the_baseline_knows():
-    """bench.trainer_settings is validated by the schema's enum; the baseline (bench/trainer.SETTINGS) runs them."""
-    import yaml
+def test_every_trainer_setting_the_schema_offers_has_its_arguments():
+    """bench.trainer_settings lives in the schema's enum once (bench/trainer.SETTINGS reads it); each has its
+    TrainingArguments (or a reason it cannot run here), and an unknown one is refused by name."""
+    import pytest
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    from conftest import REPO
-    from workflow_scripts.bench.trainer import SETTINGS
+    from workflow_scripts.bench.trainer import SETTINGS, setting_arguments
 
-    schema = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
-    bench = schema["properties"]["bench"]["properties"]["trainer_settings"]
-    assert tuple(bench["items"]["enum"]) == SETTINGS == tuple(bench["default"])
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_positions=8))
+    assert {"eager", "compile"} <= set(SETTINGS)
+    for setting in SETTINGS:
+        arguments, why_not = setting_arguments(setting, model)
+        assert isinstance(arguments, dict) and (arguments or why_not or setting == "eager"), setting
+    with pytest.raises(ValueError, match="unknown setting 'fast'"):
+        setting_arguments("fast", model)
 
 
 def test_a_rerun_of_a_cut_bench_keeps_its_own_configs_runs_only(tmp_path):

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainingArguments, __version__ as TRANSFORMERS_VERSION
 
 from workflow_scripts import columns as C
+from workflow_scripts import schema
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.training.batches import load_data, make_model
 from workflow_scripts.training.context import from_spec, process_env
@@ -109,7 +110,7 @@ def training_arguments(spec: dict, ctx, total_steps: int, extra: dict) -> Traini
         **extra)
 
 
-SETTINGS = ("eager", "compile", "liger")
+SETTINGS = tuple(schema.schema()["properties"]["bench"]["properties"]["trainer_settings"]["items"]["enum"])  # once
 SUMMARY = "trainer_summary.json"
 
 
