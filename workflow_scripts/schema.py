@@ -26,6 +26,12 @@ def default(*keys: str):
     return _default(node)
 
 
+def filled(section: str, given: dict | None) -> dict:
+    """A config section as a run spec carries it, the schema's defaults under the keys it gives: a spec written
+    before a key existed (a committed run rerun by hand) reads the key's default from here, not from the caller."""
+    return {**default(section), **(given or {})}
+
+
 def _default(node: dict):
     props = node.get("properties")
     if props and node.get("default") in (None, {}):

@@ -145,7 +145,7 @@ def run(spec: dict) -> dict | None:
     rank, local_rank, world, local_world, device = process_env(spec["platform"])
     cuda = device.type == "cuda"
     if not cuda:
-        torch.set_num_threads(max(1, int(t.get("threads_per_rank", 1))))
+        torch.set_num_threads(max(1, int(schema.filled("train", t)["threads_per_rank"])))
     ctx = from_spec(spec, rank, local_rank, local_world, device)
     data, blocks, _, vocab = load_data(spec)
     seq_len = data["block_size"]

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from workflow_scripts import columns as C
+from workflow_scripts import schema
 from workflow_scripts.training import graceful_stop, workflow_watch
 from workflow_scripts.units import GIB
 
@@ -39,7 +40,7 @@ def environment(spec: dict) -> dict:
     env = dict(os.environ)
     if spec["platform"] == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
-        env["OMP_NUM_THREADS"] = str(spec["train"].get("threads_per_rank", 1))
+        env["OMP_NUM_THREADS"] = str(schema.filled("train", spec["train"])["threads_per_rank"])
     if spec.get("torch_extensions_dir"):  # a spec run by hand may name its own; else the workflow's (common.smk)
         env["TORCH_EXTENSIONS_DIR"] = os.path.abspath(spec["torch_extensions_dir"])
     elif not env.get("TORCH_EXTENSIONS_DIR"):  # in a container: the image's toolchain, as its build_ops job found
@@ -83,13 +84,13 @@ def torchrun_command(spec: dict, spec_path: Path, nnodes: int, node_rank: int, e
 
 
 def start_sampler(spec: dict, out_csv: Path, root_pid: int, env: dict):
-    cfg = spec.get("sampler", {})
-    if cfg.get("backend", "auto") == "none":
+    cfg = schema.filled("sampler", spec.get("sampler"))
+    if cfg["backend"] == "none":
         return None
     from workflow_scripts.measure.vram import start_sampler as start
 
-    return start(str(out_csv), root_pid=root_pid, platform=spec["platform"], backend=cfg.get("backend", "auto"),
-                 interval_s=cfg.get("interval_s", 0.1), step_file=env["PIPELINE_STEP_FILE"])
+    return start(str(out_csv), root_pid=root_pid, platform=spec["platform"], backend=cfg["backend"],
+                 interval_s=cfg["interval_s"], step_file=env["PIPELINE_STEP_FILE"])
 
 
 def sampler_fields(result: dict | None) -> dict:
@@ -280,7 +281,7 @@ def main(argv=None):
     ap.add_argument("--rdzv-endpoint", default=os.environ.get("PIPELINE_RDZV_ENDPOINT"))
     a = ap.parse_args(argv)
     spec = json.loads(a.spec_json) if a.spec_json else json.loads(Path(a.spec).read_text())
-    nnodes = a.nnodes or spec.get("nodes", 1)
+    nnodes = a.nnodes or spec.get("nodes", schema.default("nodes"))
     endpoint = a.rdzv_endpoint or (slurm_endpoint() if nnodes > 1 else None)
     sys.exit(launch(spec, nnodes, a.node_rank, endpoint))
 

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import torch
 
+from workflow_scripts import schema
+
 
 def traced_ranks(cfg: dict, world_size: int) -> list[int]:
-    ranks = cfg.get("ranks", "all")
+    ranks = cfg["ranks"]
     return list(range(world_size)) if ranks == "all" else sorted(r for r in ranks if r < world_size)
 
 
@@ -25,17 +27,17 @@ class StepProfiler:
     """`with StepProfiler(...) as prof:` around the step loop; `prof.step()` after every step."""
 
     def __init__(self, spec: dict, ctx, first_step: int, total_steps: int):
-        cfg = spec.get("profile") or {}
-        self.enabled = bool(cfg.get("enabled")) and ctx.rank in traced_ranks(cfg, ctx.world_size)
-        start = first_step + spec["train"]["timing_warmup_steps"] + cfg.get("wait", 0)
-        self.window = range(start, min(start + cfg.get("warmup", 1) + cfg.get("active", 3), total_steps))
-        self.active_from = start + cfg.get("warmup", 1)
+        cfg = schema.filled("profile", spec.get("profile"))
+        self.enabled = bool(cfg["enabled"]) and ctx.rank in traced_ranks(cfg, ctx.world_size)
+        start = first_step + spec["train"]["timing_warmup_steps"] + cfg["wait"]
+        self.window = range(start, min(start + cfg["warmup"] + cfg["active"], total_steps))
+        self.active_from = start + cfg["warmup"]
         self.path = Path(spec.get("trace_dir") or ".") / f"rank{ctx.rank}.json.gz"
         self.first_step, self.cfg, self.ctx, self.prof, self.written = first_step, cfg, ctx, None, False
 
     def profiled(self, step: int) -> bool:
         """Whether this 0-based step runs under the profiler (warm-up or recorded): left out of the timing."""
-        return bool(self.cfg.get("enabled")) and step in self.window
+        return bool(self.cfg["enabled"]) and step in self.window
 
     def __enter__(self):
         if not self.enabled or not len(self.window):
@@ -47,9 +49,9 @@ class StepProfiler:
                                            active=self.window.stop - self.active_from, repeat=1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.prof = torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=self._write,
-                                           record_shapes=bool(self.cfg.get("record_shapes")),
-                                           with_stack=bool(self.cfg.get("with_stack")),
-                                           profile_memory=bool(self.cfg.get("memory")))
+                                           record_shapes=bool(self.cfg["record_shapes"]),
+                                           with_stack=bool(self.cfg["with_stack"]),
+                                           profile_memory=bool(self.cfg["memory"]))
         self.prof.__enter__()
         return self
 
@@ -66,7 +68,7 @@ class StepProfiler:
         ranks export then (seconds, which the next step must not count, nor an untraced rank waiting for them)."""
         if self.prof is not None and not self.written:
             self.prof.step()
-        return bool(self.cfg.get("enabled")) and len(self.window) > 0 and step == self.window.stop - 1
+        return bool(self.cfg["enabled"]) and len(self.window) > 0 and step == self.window.stop - 1
 
     def __exit__(self, *exc):
         if self.prof is not None:

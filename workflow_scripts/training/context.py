@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from workflow_scripts import schema
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.precision import policy
 from workflow_scripts.training.run_context import RunContext
@@ -45,7 +46,7 @@ def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int |
     if device is None:
         device = torch.device("cpu") if spec["platform"] == "cpu" else torch.device("cuda", 0)
     if local_world is None:
-        local_world = layout.world_size // spec.get("nodes", 1)
+        local_world = layout.world_size // spec.get("nodes", schema.default("nodes"))
     micro, accum = micro_and_accum(spec)
     strategy = get_strategy(spec["strategy"])
     consumed = strategy.option_keys if strategy.accumulation is not None else ()  # micro_and_accum read them
@@ -55,4 +56,4 @@ def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int |
                       micro_batch=micro, accum=accum, lr=t["lr"], weight_decay=t["weight_decay"],
                       betas=tuple(t["betas"]), eps=t["eps"], grad_clip=t["grad_clip"], seed=t["seed"],
                       work_dir=spec["work_dir"], options=options,
-                      pipeline_schedule=t.get("pipeline_schedule", "1f1b"))
+                      pipeline_schedule=schema.filled("train", t)["pipeline_schedule"])

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from workflow_scripts import columns as C
+from workflow_scripts import schema
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.memory_peak import MemoryPeak
@@ -106,7 +107,7 @@ def setup(spec: dict) -> Run:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(t["seed"])
     if ctx.device.type == "cpu":
-        torch.set_num_threads(max(1, int(t.get("threads_per_rank", 1))))
+        torch.set_num_threads(max(1, int(schema.filled("train", t)["threads_per_rank"])))
 
     data, blocks, val, vocab = load_data(spec)
     seq_len = data["block_size"]
