@@ -23,10 +23,8 @@ elif [ "$packages" != libaio-dev ]; then
   echo "install $packages yourself (Debian/Ubuntu as root does it here); without slurm-wlm the SLURM tests skip,
   # without podman/bubblewrap tests/test_image.py cannot run" >&2
 fi
-# --no-compile: no bytecode for the thousands of modules nothing imports (transformers' model zoo, torch's tests);
-# Python writes it for those a study imports, on first import
-python3 -m pip install -q --no-compile "$(grep -E '^torch==' "$here/requirements.txt")"
-python3 -m pip install -q --no-compile -r "$here/requirements.txt"
+python3 -m pip install -q "$(grep -E '^torch==' "$here/requirements.txt")"
+python3 -m pip install -q -r "$here/requirements.txt"
 python3 -c "import torch, deepspeed, snakemake; print('torch', torch.__version__, '| deepspeed', deepspeed.__version__)"
 # DeepSpeed's CPU ops (cpu_adam, async_io) into this machine's op cache, once, as the
 # workflow's build_op stage does (workflow_scripts/training/build_ops.py). Measured on an emptied 2-core machine:
