@@ -112,11 +112,11 @@ def test_figure_only_edit_reruns_only_figures(default_study):
 
 
 def test_editing_a_report_module_reruns_its_stage_only(default_study):
-    """A report stage's modules are inputs of its rule (common.smk stage_code): an edit to the figures module
-    reruns the figures (and the calibration figure, which draws with its style), never parse or a training job."""
+    """A report stage's modules are inputs of its rule (common.smk stage_code): an edit to the style module every
+    figure draws with reruns the figures and the calibration figure, never parse, a table or a training job."""
     import os
 
-    module = default_study / "workflow_scripts/report/figures.py"
+    module = default_study / "workflow_scripts/report/style.py"
     text, kept = module.read_text(), module.stat()
     module.write_text(text + "\n# an edit\n")  # Snakemake reruns on new content, not on a new mtime alone
     try:
