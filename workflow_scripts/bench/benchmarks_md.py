@@ -116,20 +116,24 @@ def inputs(file: str | Path = DEFAULT_FILE, results: str | Path = DEFAULT_RESULT
     one is committed."""
     out = []
     for name, table in marked_sets(file):
-        csv = Path(results) / name / "bench" / CSV[table]
-        rounds = csv.with_name(csv.stem + "_rounds.csv")
+        csv, rounds = set_files(Path(results), name, table)
         out += [str(csv)] + ([str(rounds)] if rounds.exists() else [])
     return out
+
+
+def set_files(results: Path, name: str, table: str) -> tuple[Path, Path]:
+    """A set's table of this kind and its rounds file (which may not exist)."""
+    csv = results / name / "bench" / CSV[table]
+    return csv, csv.with_name(csv.stem + "_rounds.csv")
 
 
 # ---------------------------------------------------------------- reading a set
 def read_csv(results: Path, name: str, table: str, where: str) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The set's table and its rounds file (None where there is none)."""
-    csv = results / name / "bench" / CSV[table]
+    csv, rounds = set_files(results, name, table)
     if not csv.is_file():
         missing = "the set" if not (results / name).is_dir() else "its table"
         raise BenchTableError(f"{where}: set '{name}': {csv} not found ({missing} is missing under {results})")
-    rounds = csv.with_name(csv.stem + "_rounds.csv")
     return pd.read_csv(csv), (pd.read_csv(rounds) if rounds.is_file() else None)
 
 

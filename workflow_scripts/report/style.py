@@ -25,16 +25,10 @@ from workflow_scripts import schema  # noqa: E402
 NO_VALUE = C.STATUS_MARK[C.UNSUPPORTED]  # a successful run without the value a panel draws
 
 
-def default_style() -> dict:
-    """The schema's `figures` keys with their defaults (None where the figure chooses: step_marker_every)."""
-    keys = schema.schema()["properties"]["figures"]["properties"]
-    return {k: v.get("default") for k, v in keys.items()}
-
-
 def parse_style(text: str | dict | None) -> dict:
     """Defaults overlaid with the given JSON; unknown keys are an error (a typo would otherwise be ignored)."""
     given = json.loads(text) if isinstance(text, str) and text.strip() else dict(text or {})
-    defaults = default_style()
+    defaults = schema.default("figures")  # None where the figure chooses (step_marker_every)
     unknown = set(given) - set(defaults)
     if unknown:
         raise ValueError(f"unknown style keys {sorted(unknown)}; known: {sorted(defaults)}")
