@@ -16,6 +16,8 @@ import time
 import traceback
 from pathlib import Path
 
+from workflow_scripts.training import precompiled_header
+from workflow_scripts.training.strategies import STRATEGIES
 from workflow_scripts.training.strategies import get as get_strategy
 
 
@@ -39,7 +41,8 @@ def extensions_dir(setting: str | None, platform: str) -> str:
             return "none"
 
     try:
-        compiler = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=10).stdout
+        compiler = subprocess.run(["c++", "--version"], check=False, capture_output=True, text=True,
+                                  timeout=10).stdout
     except OSError:
         compiler = "none"
     import sys
@@ -94,7 +97,7 @@ def build(op: str) -> dict:
         if not builder.is_compatible(verbose=False):
             raise RuntimeError(f"DeepSpeed {op} is not compatible with this machine "
                                f"({get_accelerator().device_name()} accelerator; e.g. libaio missing for async_io)")
-        with exclusive_build(builder.name):
+        with exclusive_build(builder.name), precompiled_header.masquerade(os.environ.get("TORCH_EXTENSIONS_DIR")):
             builder.load(verbose=False)
         return {"ok": True, "seconds": time.perf_counter() - started, "error": None}
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the study goes on
@@ -103,15 +106,38 @@ def build(op: str) -> dict:
                 "error": f"{op}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"}
 
 
+def build_all(platform: str, out_dir: Path) -> list[dict]:
+    """Every op any strategy needs, each built by its own process at once (a machine's setup: envs/setup.sh)."""
+    import subprocess
+    import sys
+
+    ops = sorted({op for name in STRATEGIES for op in needed_ops(name)})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as logs:
+        jobs = [subprocess.Popen([sys.executable, "-m", __spec__.name, "--op", op, "--platform", platform,
+                                  "--out", str(out_dir / f"{op}.json")], stderr=subprocess.STDOUT,
+                                 stdout=logs.enter_context(open(out_dir / f"{op}.log", "w"))) for op in ops]
+        for job in jobs:
+            job.wait()
+    return [json.loads(out.read_text()) if out.exists() else {"op": op, "ok": False, "error": f"no result: {log}"}
+            for op in ops for out, log in [(out_dir / f"{op}.json", out_dir / f"{op}.log")]]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--op", required=True, help="op builder class name, e.g. CPUAdamBuilder")
+    one = ap.add_mutually_exclusive_group(required=True)
+    one.add_argument("--op", help="op builder class name, e.g. CPUAdamBuilder")
+    one.add_argument("--all", action="store_true", help="every op a strategy needs, at once (--out: a directory)")
     ap.add_argument("--platform", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="the op's result (.json), or with --all a directory of them")
     a = ap.parse_args(argv)
     if a.platform == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     export_extensions_dir("auto", a.platform)  # the workflow's directory, else (in a container) the image's own
+    if a.all:
+        for r in build_all(a.platform, Path(a.out)):
+            print(f"op {r['op']}: " + (f"built in {r['seconds']:.0f} s" if r["ok"] else f"not built ({r['error']})"))
+        return
     result = {"op": a.op, "platform": a.platform, "torch_extensions_dir": os.environ.get("TORCH_EXTENSIONS_DIR"),
               **build(a.op)}
     print(json.dumps(result, indent=2), flush=True)
