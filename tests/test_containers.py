@@ -9,7 +9,8 @@ tested instead:
     Snakemake's real `apptainer exec ...` calls are recorded (image, flags, binds) and the stand-in runs each job
     on the host, so the reduced study really completes; every job must get the platform's image and the profile's
     GPU flags (Snakemake never adds --nv or device binds itself);
-  * the local profiles: they parse, and timed_runs=1 keeps two training runs from overlapping.
+  * the local profiles: they parse, and timed_runs=1 keeps two training runs from overlapping;
+  * the op builds' precompiled header (a stand-in compiler records the calls).
 
     python3 -m pytest tests/test_containers.py
 """
@@ -520,3 +521,40 @@ def test_auto_finds_the_built_image_and_a_rebuilt_archive_is_converted_again(tmp
     (tmp_path / "containers/images/cpu.sif").write_bytes(b"")
     assert ci.settle("auto", "cpu", using_apptainer=True, image_dir="x") == "containers/images/cpu.sif"
     assert ci.settle("docker://x/y:1", "cpu", using_apptainer=True, image_dir="x") == "docker://x/y:1"
+
+
+def test_op_sources_compile_against_one_precompiled_header(tmp_path, monkeypatch):
+    """build_ops' masquerading c++: with an op of many sources, the first compile builds the header (once, with the
+    object's flags less source, output, depfile and -g) and every compile includes it; an op of few sources, a link
+    and `-v` pass through as given. A STAND-IN compiler records each call and writes what -o names."""
+    from workflow_scripts.training import precompiled_header as ph
+
+    calls = tmp_path / "calls.jsonl"
+    real = tmp_path / "cc"
+    real.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + "
+                    "'\\n')\nif '-o' in sys.argv: open(sys.argv[sys.argv.index('-o') + 1], 'w').close()\n")
+    real.chmod(0o755)
+    op = tmp_path / "op"
+    op.mkdir()
+    monkeypatch.chdir(op)
+    compile_line = "-MMD -MF {0}.o.d -DTORCH_EXTENSION_NAME=op -O3 -g -fPIC -c /src/{0}.cpp -o {0}.o"
+    root = tmp_path / "headers"
+
+    def run(argv):
+        command = ph.compile_command(argv, str(real), root)
+        subprocess.run(command, check=True)
+        return command
+
+    (op / "build.ninja").write_text("".join(f"build {s}.o: compile /src/{s}.cpp\n" for s in "ab")
+                                    + "build op.so: link a.o b.o\n")
+    assert run(compile_line.format("a").split()) == [str(real), *compile_line.format("a").replace(" -g", "").split()]
+    (op / "build.ninja").write_text("".join(f"build {s}.o: compile /src/{s}.cpp\n" for s in "abcde"))
+    commands = [run(compile_line.format(s).split()) for s in "abcde"]
+    headers = {c[c.index("-include") + 1] for c in commands}
+    assert len(headers) == 1 and all("-g" not in c for c in commands)
+    recorded = [json.loads(line) for line in calls.read_text().splitlines()]
+    builds = [c for c in recorded if "c++-header" in c]
+    assert len(builds) == 1 and builds[0][:-5] == "-DTORCH_EXTENSION_NAME=op -O3 -fPIC".split()
+    assert ph.compile_command(["-v"], str(real), root) == [str(real), "-v"]
+    assert ph.compile_command(["a.o", "-shared", "-o", "op.so"], str(real), root)[1:] == ["a.o", "-shared", "-o",
+                                                                                            "op.so"]
