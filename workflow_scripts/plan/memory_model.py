@@ -127,7 +127,7 @@ REDUCE_BUCKET = 5e8  # DeepSpeed's default reduce_bucket_size (elements)
 
 
 def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str, offload_optimizer: bool,
-                 reduce_bucket: float = REDUCE_BUCKET, ddp_wrapped: bool = True) -> float:
+                 reduce_bucket: float = REDUCE_BUCKET, ddp_wrapped: bool = True, gathered_kept: bool = False) -> float:
     """What the strategy's engine holds beyond parameters and optimizer states at the start of backward (bytes);
     `p` = parameters on the rank before data-parallel sharding.
     - DDP: its gradient buckets, a flat copy of every gradient (in the gradients' dtype); they stay allocated
@@ -141,10 +141,15 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
       on the host with offload) and its reduce (IPG) bucket, `reduce_bucket_size` elements in the parameters' dtype,
       allocated on the GPU at start-up whatever the offload (DeepSpeed 0.19 stage3.py).
       Stage 2's gradient partition is not alive at the start of backward (measured: ZeRO-2 peaks as ZeRO-1).
-    - FSDP2: nothing beyond the shards at that point (its unsharded block is freed after forward; not counted: on a
-      one-rank data-parallel mesh fsdp keeps the gathered parameters, +2 bytes per parameter under bf16-pure)."""
+    - FSDP2: nothing beyond the shards at that point when it reshards after forward (each unsharded block is freed
+      after its forward); when it does not (`gathered_kept`: strategies.fsdp.reshard_after_forward, by default on a
+      one-rank data-parallel mesh), every block's gathered parameters stay until backward, p in the dtype it
+      computes in (bf16 under bf16-pure, its MixedPrecisionPolicy; else fp32): measured +0.66 GiB for GPT-2-medium
+      under bf16-pure on one H100 (results/bench_harness/h100-fsdp-local-step)."""
     if family == "ddp":
         return state_bytes(family, precision)[1] * p if ddp_wrapped else 0.0
+    if family == "fsdp":
+        return float(policy(precision).compute_param_bytes) * p if gathered_kept else 0.0
     if family != "deepspeed":
         return 0.0
     fp32_params = precision != "bf16-pure"
@@ -220,7 +225,8 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
                micro_batch: int, seq_len: int, grad_accum: int, checkpointing: bool, layout: dict | None = None,
                offload_optimizer: bool = False, offload_params: bool = False,
                traced_per_layer: float | None = None, reduce_bucket: float = REDUCE_BUCKET,
-               trainable: float | None = None, input_bytes: float = 0.0, ddp_wrapped: bool | None = None) -> Prediction:
+               trainable: float | None = None, input_bytes: float = 0.0, ddp_wrapped: bool | None = None,
+               gathered_kept: bool = False) -> Prediction:
     """The peak of the fullest rank (Prediction.parts in bytes; total = the predicted max_memory_allocated).
     `dp`: the ranks the data-parallel strategy shards over (dp x cp). `traced_per_layer`: a decoder layer's saved
     bytes per token counted by torch (traced.py), its bf16 weight casts included, in place of the hand count.
@@ -228,6 +234,7 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
     optimizer states and gradient buckets. `input_bytes`: the micro-batch as the model receives it (token ids; for
     an image row its int64 copy, the pixels, their normalised copy and its cast: 10 bytes per pixel value).
     `ddp_wrapped`: whether a DDP-family model is wrapped (its gradient buckets); default: on more than one rank.
+    `gathered_kept`: whether FSDP2 keeps the gathered parameters from forward to backward (engine_bytes).
 
     Layouts: tp divides the block parameters and the sharded part of the activations (tp_split); cp divides the
     tokens of every rank (Ulysses: each rank keeps 1/cp of the sequence); pp gives stage s the blocks L/pp, the
@@ -250,7 +257,8 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
                           checkpointing, s, pp, tp, embed, blocks, act_layer, offload_optimizer, offload_params,
                           traced=traced_per_layer is not None, reduce_bucket=reduce_bucket,
                           train_frac=(trainable or shape.n_params) / shape.n_params,
-                          ddp_wrapped=world > 1 if ddp_wrapped is None else ddp_wrapped) for s in range(pp)]
+                          ddp_wrapped=world > 1 if ddp_wrapped is None else ddp_wrapped,
+                          gathered_kept=gathered_kept) for s in range(pp)]
     for stage in stages:
         stage["input batch"] = input_bytes
     parts = max(stages, key=lambda x: sum(x.values()))
@@ -261,7 +269,7 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
 def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: int, n: float, accum: int,
                 checkpointing: bool, stage: int, pp: int, tp: int, embed: float, blocks: float, act_layer: float,
                 offload_optimizer: bool, offload_params: bool, traced: bool, reduce_bucket: float,
-                train_frac: float = 1.0, ddp_wrapped: bool = True) -> dict:
+                train_frac: float = 1.0, ddp_wrapped: bool = True, gathered_kept: bool = False) -> dict:
     """One pipeline stage's parts (the whole model when pp = 1)."""
     first, last = stage == 0, stage == pp - 1
     layers = shape.n_layer / pp
@@ -288,7 +296,7 @@ def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: 
         "optimizer states": 0.0 if offload_optimizer else opt_b / (dp if partitioned("optimizer states", zero_stage)
                                                                     else 1),
         "engine buffers": engine_bytes(family, zero_stage, p * train_frac, dp, precision, offload_optimizer,
-                                       reduce_bucket, ddp_wrapped),
+                                       reduce_bucket, ddp_wrapped, gathered_kept),
         "gradients (accumulating)": grads,
         "weight casts": casts,
         "activations": activations,

@@ -67,20 +67,27 @@ def _traced(model: str, overrides_json: str, precision: str, micro_batch: int, s
     return layer_saved_bytes(model, precision, micro_batch, seq_len, json.loads(overrides_json))["per_token"]
 
 
-def offloads(strategy: str, options: dict) -> tuple[bool, bool]:
+def engine_choices(strategy: str, options: dict | None, layout: dict | None, world_size: int = 1
+                   ) -> tuple[bool, bool, bool]:
+    """What the strategy's engine decides from its options and layout (`world_size` ranks of data parallelism where
+    there is no layout), by the strategy's own rules: (offloads the optimizer, offloads the parameters, keeps the
+    gathered parameters from forward to backward)."""
+    from workflow_scripts.training.layout import Layout
     from workflow_scripts.training.strategies import STRATEGIES
 
-    s, ctx = STRATEGIES[strategy], SimpleNamespace(options=options or {})
-    return bool(s.offload_optimizer(ctx)), bool(s.offload_params(ctx))
+    s = STRATEGIES[strategy]
+    ctx = SimpleNamespace(options=options or {}, layout=Layout.from_dict(layout, world_size))
+    return bool(s.offload_optimizer(ctx)), bool(s.offload_params(ctx)), bool(s.keeps_gathered_params(ctx))
 
 
 def predict(*, model: str, strategy: str, precision: str, world_size: int, micro_batch: int, seq_len: int,
             grad_accum: int, vocab: int, n_params: int | None = None, overrides: dict | None = None,
             layout: dict | None = None, options: dict | None = None, checkpointing: bool = False,
             compiled: bool = False, method: str = "analytic", trainable: int | None = None,
-            lora: dict | None = None, ddp_wrapped: bool | None = None) -> mm.Prediction:
-    """The predicted peak of one rank for these settings (`method`: analytic | traced; `ddp_wrapped`: see
-    memory_model.eager_peak)."""
+            lora: dict | None = None, ddp_wrapped: bool | None = None,
+            gathered_kept: bool | None = None) -> mm.Prediction:
+    """The predicted peak of one rank for these settings (`method`: analytic | traced; `ddp_wrapped`,
+    `gathered_kept`: see memory_model.eager_peak; by default what the engine would decide, engine_choices)."""
     import json
 
     from workflow_scripts.training.strategies import STRATEGIES
@@ -96,7 +103,7 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
     precision = strat.engine_precision(precision, options or {})  # e.g. ZeRO++ runs DeepSpeed's bf16 mode
     s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
     dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # dp x cp (ep is carved out of them)
-    off_opt, off_par = offloads(strategy, options)
+    off_opt, off_par, kept = engine_choices(strategy, options, layout, world_size)
     per_layer = None
     if method == "traced":
         from workflow_scripts.plan.traced import cannot_trace
@@ -110,12 +117,13 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
                       offload_params=off_par, traced_per_layer=per_layer,
                       reduce_bucket=float((options or {}).get("reduce_bucket_size", mm.REDUCE_BUCKET)),
                       trainable=trainable, input_bytes=micro_batch * sample_bytes(model, seq_len),
-                      ddp_wrapped=ddp_wrapped)
+                      ddp_wrapped=ddp_wrapped, gathered_kept=kept if gathered_kept is None else gathered_kept)
 
 
 def predict_run(spec: dict, summary: dict, method: str = "analytic", settings: dict | None = None) -> mm.Prediction:
     """From a run's run_spec.json and summary.json (ok runs: the summary has the model's size), and its
-    strategy_settings.json where there is one (the engine it recorded: whether DDP wrapped the model)."""
+    strategy_settings.json where there is one (the engine it recorded: whether DDP wrapped the model, whether FSDP2
+    resharded after forward)."""
     from workflow_scripts.training.levers import compiles
 
     t = spec["train"]
@@ -128,4 +136,6 @@ def predict_run(spec: dict, summary: dict, method: str = "analytic", settings: d
                    compiled=compiles(t, MODELS[spec["model"]].family, spec.get("layout")), method=method,
                    trainable=summary.get("trainable_params"),
                    ddp_wrapped=str((settings or {}).get("engine", "")).startswith("torch.nn.parallel.Distributed")
-                   if settings and "engine" in settings else None)
+                   if settings and "engine" in settings else None,
+                   gathered_kept=not settings["reshard_after_forward"]
+                   if settings and "reshard_after_forward" in settings else None)

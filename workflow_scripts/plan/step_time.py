@@ -380,7 +380,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     `train` its resolved train settings, `applied` the levers it recorded having applied (strategy_settings.json)."""
     import json
 
-    from workflow_scripts.plan.predict import count_params, offloads, shape, tokens_per_sample
+    from workflow_scripts.plan.predict import count_params, engine_choices, shape, tokens_per_sample
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
     from workflow_scripts.training.strategies import STRATEGIES
@@ -398,7 +398,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                micro_batch=int(micro_batch), accum=int(accum), tokens=tokens,
                layout={k: int(v) for k, v in layout.items()}, levers=levers, compile_loss=loss,
                checkpointing=bool(train.get("gradient_checkpointing")), trainable=int(trainable),
-               tensors=12 * s.n_layer + 4, offload_optimizer=offloads(strategy, options)[0], precision=precision,
+               tensors=12 * s.n_layer + 4, offload_optimizer=engine_choices(strategy, options, layout)[0], precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=2 if precision == "bf16-pure" else 4,
                bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / 1e6)) * 1e6)
 

@@ -31,6 +31,11 @@ class Precision:
         return dict(self.by_family).get(family, self.state_bytes)
 
     @property
+    def compute_param_bytes(self) -> int:
+        """Bytes per parameter of the copy forward and backward compute with (FSDP2's gathered parameters)."""
+        return 2 if self.bf16_params else 4
+
+    @property
     def uses_bf16(self) -> bool:
         return self.autocast_bf16 or self.bf16_params
 

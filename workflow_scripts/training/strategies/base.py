@@ -41,6 +41,8 @@ class Strategy:
     zero_stage: int  # 0 for DDP (replicated), 3 for FSDP full sharding
     offload_optimizer: Callable = lambda ctx: False
     offload_params: Callable = lambda ctx: False
+    # (ctx) -> whether the gathered (unsharded) parameters stay from forward to backward (FSDP2 not resharding)
+    keeps_gathered_params: Callable = lambda ctx: False
     unsupported: Callable = lambda ctx: None  # (ctx) -> reason or None, for reasons other than a missing op
     ops: tuple = ()  # DeepSpeed op builders this strategy needs, built once before any rank starts
     # (options) -> (accumulation steps, keep the effective batch), if the strategy accumulates on its own; the

@@ -46,4 +46,5 @@ STRATEGY = Strategy(
     build=lazy.part(f"{__package__}._fsdp_engine", "FSDPEngine"),
     offload_optimizer=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
     offload_params=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
+    keeps_gathered_params=lambda ctx: not reshard_after_forward(ctx),
 )
