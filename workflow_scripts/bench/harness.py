@@ -207,7 +207,7 @@ def compare_summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def summarise(df: pd.DataFrame, by: str) -> pd.DataFrame:
+def rounds_summary(df: pd.DataFrame, by: str) -> pd.DataFrame:
     """Mean over rounds per strategy / lever (numeric columns), first value of the others."""
     if df.empty:
         return df
@@ -255,7 +255,7 @@ def main(argv=None):
     config = json.loads(a.config_json)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    name, part, table = {"levers": ("levers", run_levers, lambda df: summarise(df, "lever")),
+    name, part, table = {"levers": ("levers", run_levers, lambda df: rounds_summary(df, "lever")),
                          "compare": ("harness_vs_trainer", run_comparison, compare_summary)}[a.part]
     rounds = Rounds(out / f"{name}_rounds.csv", config, table)
     part(config, out, rounds)

@@ -60,7 +60,7 @@ from workflow_scripts.report import figure_registry  # noqa: E402
 from workflow_scripts.report.style import (NO_VALUE, apply_style, corner_note, empty_note, grid, mark_missing,  # noqa: E402
                                            parse_style, save, status_mark, strategy_colours, strategy_ticks, titled)
 from workflow_scripts.report.tables import (is_image_model, layout_word, memory_unit, model_order, order_strategies,  # noqa: E402
-                                            read_runs, read_table, strategy_rank, summarise, with_layout)
+                                            read_runs, read_table, strategy_rank, summary_rows, with_layout)
 
 __all__ = ["parse_style", "apply_style", "save"]  # the style module's, re-exported for the CLI's callers
 FIGURES = figure_registry.names("figures")  # the study figures (rule figures), in the registry's order
@@ -93,7 +93,7 @@ def prepare(runs: pd.DataFrame, steps: pd.DataFrame, vram: pd.DataFrame, style: 
     for name in set(runs["strategy"]) | set(vram["strategy"].dropna().astype(str)):
         colours.setdefault(name, (0.45, 0.45, 0.45))  # no successful run: only drawn as a marked entry
         dashes.setdefault(name, "-")
-    return Data(runs, summarise(runs), steps, vram, style, colours, dashes)
+    return Data(runs, summary_rows(runs), steps, vram, style, colours, dashes)
 
 
 def load(runs_csv, steps_csv, vram_csv, style: dict) -> Data:

@@ -201,7 +201,7 @@ def summarise_group(rows: pd.DataFrame) -> dict:
     return out
 
 
-def summarise(runs: pd.DataFrame) -> pd.DataFrame:
+def summary_rows(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, strategy, layout), in model / world size / layout / strategy order."""
     columns = KEYS + ["status", "status_detail", "n_runs", "n_ok"] + CONFIG + ["reason", "provenance", "repeats",
                                                                                 "peak_memory_source"]
@@ -512,7 +512,7 @@ def write_all(runs_csv, out_dir, link_base=None, loss_tolerance: float | None = 
     link_base = Path(link_base) if link_base else Path(runs_csv).parent
     runs = read_runs(runs_csv)
     tolerance = schema.default("verify", "tolerances")["loss_abs"] if loss_tolerance is None else loss_tolerance
-    summary = summarise(runs).merge(consistency(runs, tolerance), on=KEYS, how="left")
+    summary = summary_rows(runs).merge(consistency(runs, tolerance), on=KEYS, how="left")
     write_csv(summary, out_dir / "summary.csv")
     write_markdown(summary, out_dir / "summary.md", link_base)
     write_latex(summary, out_dir / "summary.tex", link_base)

@@ -300,7 +300,7 @@ def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_
     memory = gather_memory(run.ctx)
     summary = None
     if run.ctx.rank == 0:
-        summary = summarise(run, rows, val_losses, memory)
+        summary = run_summary(run, rows, val_losses, memory)
         summary["resumed_from_step"] = resumed_from
         summary["checkpoint_fallback"] = fallback  # a damaged checkpoint skipped on resume: which, and why
         write_metrics(run.out_dir / C.METRICS, rows)
@@ -312,7 +312,7 @@ def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_
     return summary
 
 
-def summarise(run: Run, rows: list[dict], val_losses: tuple[float, float], memory: list[list[float]]) -> dict:
+def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], memory: list[list[float]]) -> dict:
     """The run's row of the study table (before the launcher adds the sampler's peaks)."""
     spec, ctx, strategy = run.spec, run.ctx, run.strategy
     shape = MODELS[spec["model"]]
