@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from workflow_scripts.measure.metrics import partitioned
+from workflow_scripts.training.layout import MODEL_PARALLEL, Layout
 from workflow_scripts.training.precision import policy
 from workflow_scripts.units import GIB
 
@@ -175,7 +176,7 @@ def device_peak(allocated: float, family: str, world_size: int, layout: dict | N
     dimension, DeepSpeed's own even on one GPU); reserved over allocated is 1.02-1.63 (median 1.17: fragmentation,
     highest with offload, whose pinned transfers the allocator cannot pack). The slack is what this misses most."""
     layout = layout or {}
-    dims = sum(int(layout.get(k, 1)) > 1 for k in ("pp", "tp", "cp", "ep"))
+    dims = sum(int(layout.get(k, 1)) > 1 for k in MODEL_PARALLEL)
     comms = (world_size > 1) + (family == "deepspeed") + dims
     return allocated * (1 + ALLOCATOR_SLACK) + CONTEXT_BYTES + comms * COMMUNICATOR_BYTES
 
@@ -243,7 +244,8 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
     layout = layout or {}
     if shape.family not in FAMILIES:
         return Prediction(False, f"the {shape.family} family is not modelled yet")
-    pp, tp, cp, ep = (int(layout.get(k, 1)) for k in ("pp", "tp", "cp", "ep"))
+    degrees = Layout(**{k: int(v) for k, v in layout.items()})
+    pp, tp, cp, ep = degrees.pp, degrees.tp, degrees.cp, degrees.ep
     embed = shape.vocab * shape.d if shape.loss_tokens == 1 else 0.0  # a ViT's head is small: in the blocks
     blocks = shape.n_params - embed * (1 if shape.tied else 2)
     if ep > 1 and family != "fsdp":  # ep shards the experts (FSDP2 already shards them over the same ranks)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 MESH_ORDER = ("pp", "dp", "cp", "tp")  # outermost to innermost
 KEY_ORDER = ("dp", "pp", "tp", "cp", "ep")
+MODEL_PARALLEL = tuple(k for k in KEY_ORDER if k != "dp")  # the dimensions that split the model or its tokens
 NAMES = {"dp": "data", "pp": "pipeline", "tp": "tensor", "cp": "context/sequence", "ep": "expert"}
 
 
