@@ -558,3 +558,22 @@ def test_op_sources_compile_against_one_precompiled_header(tmp_path, monkeypatch
     assert ph.compile_command(["-v"], str(real), root) == [str(real), "-v"]
     assert ph.compile_command(["a.o", "-shared", "-o", "op.so"], str(real), root)[1:] == ["a.o", "-shared", "-o",
                                                                                             "op.so"]
+
+
+def test_an_op_the_cache_built_is_answered_without_deepspeed(tmp_path):
+    """A study's build_op job for an op this op cache recorded as built (its library still there) answers at once,
+    without importing DeepSpeed; with the library gone the record is not trusted."""
+    ext = tmp_path / "ext"
+    (ext / "cpu_adam").mkdir(parents=True)
+    library = ext / "cpu_adam" / "cpu_adam.so"
+    library.write_bytes(b"")
+    (ext / "CPUAdamBuilder.built.json").write_text(json.dumps({"ok": True, "seconds": 61.0, "error": None,
+                                                                "library": str(library)}))
+    probe = ("import sys; from workflow_scripts.training import build_ops as b; "
+             "b.main(['--op', 'CPUAdamBuilder', '--platform', 'cpu', '--out', sys.argv[1]]); "
+             "assert 'deepspeed' not in sys.modules; library = sys.argv[2]; import os; os.remove(library); "
+             "assert b.built_before('CPUAdamBuilder') is None")
+    subprocess.run([sys.executable, "-c", probe, str(tmp_path / "op.json"), str(library)], cwd=REPO, check=True,
+                   env={**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}, capture_output=True)
+    result = json.loads((tmp_path / "op.json").read_text())
+    assert result["ok"] and result["cached"] and result["seconds"] == 61.0

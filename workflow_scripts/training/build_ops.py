@@ -3,7 +3,8 @@
 DeepSpeed JIT-compiles C++ ops (the CPU shared-memory comm op, cpu_adam, async_io, the quantizer) in every rank
 on first use; concurrent builds race and can crash a rank. This stage builds them one after another into the
 machine's op cache (`extensions_dir`; config `torch_extensions_dir`) and records, per op, whether it built, how long it took, and the error if not:
-the launcher turns a failed op into an `unsupported` row for the strategies that need it.
+the launcher turns a failed op into an `unsupported` row for the strategies that need it. A success is recorded in
+the op cache as well (`<op>.built.json`): every later study or workflow copy on the machine answers from it.
 """
 from __future__ import annotations
 
@@ -86,6 +87,17 @@ def exclusive_build(name: str):
         yield
 
 
+def built_before(op: str) -> dict | None:
+    """The build of this op the op cache recorded, if its library is still there: a study's build_op job then
+    answers without importing DeepSpeed (successes only: a failure, e.g. libaio missing, may since be mended)."""
+    ext = os.environ.get("TORCH_EXTENSIONS_DIR")
+    record = Path(ext) / f"{op}.built.json" if ext else None
+    if record is None or not record.exists():
+        return None
+    built = json.loads(record.read_text())
+    return {**built, "cached": True} if Path(built["library"]).exists() else None
+
+
 def build(op: str) -> dict:
     started = time.perf_counter()
     try:
@@ -99,7 +111,12 @@ def build(op: str) -> dict:
                                f"({get_accelerator().device_name()} accelerator; e.g. libaio missing for async_io)")
         with exclusive_build(builder.name), precompiled_header.masquerade(os.environ.get("TORCH_EXTENSIONS_DIR")):
             builder.load(verbose=False)
-        return {"ok": True, "seconds": time.perf_counter() - started, "error": None}
+        result = {"ok": True, "seconds": time.perf_counter() - started, "error": None}
+        ext = os.environ.get("TORCH_EXTENSIONS_DIR")
+        if ext:  # what built_before reads
+            library = Path(ext) / builder.name / f"{builder.name}.so"
+            (Path(ext) / f"{op}.built.json").write_text(json.dumps({**result, "library": str(library)}))
+        return result
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the study goes on
         traceback.print_exc()
         return {"ok": False, "seconds": time.perf_counter() - started,
@@ -136,10 +153,11 @@ def main(argv=None):
     export_extensions_dir("auto", a.platform)  # the workflow's directory, else (in a container) the image's own
     if a.all:
         for r in build_all(a.platform, Path(a.out)):
-            print(f"op {r['op']}: " + (f"built in {r['seconds']:.0f} s" if r["ok"] else f"not built ({r['error']})"))
+            print(f"op {r['op']}: " + (f"built in {r['seconds']:.0f} s" + (" (before)" if r.get("cached") else "")
+                                       if r["ok"] else f"not built ({r['error']})"))
         return
     result = {"op": a.op, "platform": a.platform, "torch_extensions_dir": os.environ.get("TORCH_EXTENSIONS_DIR"),
-              **build(a.op)}
+              **(built_before(a.op) or build(a.op))}
     print(json.dumps(result, indent=2), flush=True)
     Path(a.out).write_text(json.dumps(result, indent=2))
 
