@@ -1,9 +1,9 @@
 """Build the DeepSpeed ops a study needs, once, before any rank starts (and outside every timing).
 
-DeepSpeed JIT-compiles C++ ops (the CPU shared-memory comm op, cpu_adam, async_io, the quantizer) in every rank
-on first use; concurrent builds race and can crash a rank. This stage builds them one after another into the
-machine's op cache (`extensions_dir`; config `torch_extensions_dir`) and records, per op, whether it built, how long it took, and the error if not:
-the launcher turns a failed op into an `unsupported` row for the strategies that need it. A success is recorded in
+DeepSpeed JIT-compiles C++ ops (cpu_adam, async_io, the quantizer) in every rank on first use; concurrent builds
+race and can crash a rank. This stage builds each once, one build of an op at a time on the machine, into the
+machine's op cache (`extensions_dir`; config `torch_extensions_dir`) and records, per op, whether it built, how
+long it took, and the error if not: the launcher turns a failed op into an `unsupported` row for the strategies that need it. A success is recorded in
 the op cache as well (`<op>.built.json`): every later study or workflow copy on the machine answers from it.
 """
 from __future__ import annotations
