@@ -107,7 +107,7 @@ def activation_bytes_per_token_layer(s: Shape, precision: str) -> float:
 
 def checkpoint_input_bytes(s: Shape, precision: str) -> float:
     """Per token and layer with gradient checkpointing: the block's input (the residual stream)."""
-    return (2 if precision == "bf16-pure" else 4) * s.d
+    return policy(precision).module_bytes * s.d
 
 
 def loss_bytes_per_token(s: Shape, precision: str) -> float:
@@ -150,13 +150,13 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
     if family == "ddp":
         return state_bytes(family, precision)[1] * p if ddp_wrapped else 0.0
     if family == "fsdp":
-        return float(policy(precision).compute_param_bytes) * p if gathered_kept else 0.0
+        return float(policy(precision).module_bytes) * p if gathered_kept else 0.0
     if family != "deepspeed":
         return 0.0
-    fp32_params = precision != "bf16-pure"
-    out = 4.0 * p / dp if zero_stage >= 1 and fp32_params and not offload_optimizer else 0.0
+    module = policy(precision).module_bytes
+    out = 4.0 * p / dp if zero_stage >= 1 and module == 4 and not offload_optimizer else 0.0
     if zero_stage == 3:
-        out += (4.0 if fp32_params else 2.0) * (reduce_bucket + (0.0 if offload_optimizer else p / dp))
+        out += float(module) * (reduce_bucket + (0.0 if offload_optimizer else p / dp))
     return out
 
 

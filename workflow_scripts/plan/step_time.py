@@ -43,7 +43,8 @@ from pathlib import Path
 
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan.bound import BUSBW
-from workflow_scripts.units import GB, MB
+from workflow_scripts.training.precision import policy
+from workflow_scripts.units import GB, MB, MIB
 
 # The software's constants, fitted on the committed one-GPU H100 rows (python -m workflow_scripts.bench.step_time --fit
 # writes step_time_fit.json: the values, what they were fitted on and the error there): bytes per token, layer and
@@ -56,7 +57,7 @@ MEMORY_BYTES, LOSS_BYTES, HOST_OPS = _FIT["MEMORY_BYTES"], _FIT["LOSS_BYTES"], _
 FIXED_OPS, DS_OPS_PER_TENSOR, HOOK_OPS, OVERLAP = (_FIT["FIXED_OPS"], _FIT["DS_OPS_PER_TENSOR"], _FIT["HOOK_OPS"],
                                                    _FIT["OVERLAP"])
 ADAMW_BYTES = 28  # per parameter: fp32 parameter, gradient, exp_avg, exp_avg_sq read; parameter and moments written
-DDP_BUCKET = 25e6  # bytes: DistributedDataParallel's default bucket_cap_mb
+DDP_BUCKET = 25 * MIB  # bytes: DistributedDataParallel's default bucket_cap_mb (torch reads it in MiB)
 
 
 @dataclass
@@ -398,9 +399,10 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                micro_batch=int(micro_batch), accum=int(accum), tokens=tokens,
                layout={k: int(v) for k, v in layout.items()}, levers=levers, compile_loss=loss,
                checkpointing=bool(train.get("gradient_checkpointing")), trainable=int(trainable),
-               tensors=12 * s.n_layer + 4, offload_optimizer=engine_choices(strategy, options, layout)[0], precision=precision,
-               deterministic=bool(train.get("deterministic")), grad_bytes=2 if precision == "bf16-pure" else 4,
-               bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / 1e6)) * 1e6)
+               tensors=12 * s.n_layer + 4, offload_optimizer=engine_choices(strategy, options, layout)[0],
+               precision=precision,
+               deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
+               bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / MIB)) * MIB)
 
 
 def run_of(spec: dict, summary: dict, settings: dict | None = None) -> Run:

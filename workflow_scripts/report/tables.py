@@ -33,10 +33,6 @@ from workflow_scripts.units import GIB, MIB
 
 KEYS = GROUP_KEYS  # one summary row per (model, strategy, layout)
 
-# fixed, readable order of strategies (unknown ones follow, alphabetically)
-STRATEGY_ORDER = ["ddp", "ddp_overlap", "grad_accum", "zero0", "zero1", "zero2", "zero2_compress", "zero2_offload",
-                  "zero3", "zero3_offload", "zero_infinity", "zeropp", "fsdp"]
-
 # metrics aggregated over the successful repeats of a (model, strategy, layout)
 METRICS = ["time_per_epoch_s", "train_time_s", "tokens_per_s", "samples_per_s", "mfu", "final_loss",
            "initial_loss", "val_loss_final", "step_time_median_s", "peak_memory_bytes", "peak_allocated_bytes",
@@ -125,8 +121,14 @@ def read_runs(path) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- ordering and labels
-def strategy_rank(name: str) -> tuple[int, str]:
-    return (STRATEGY_ORDER.index(name), "") if name in STRATEGY_ORDER else (len(STRATEGY_ORDER), name)
+def strategy_rank(name: str) -> tuple:
+    """The strategies' order in tables and figures, from the registry: by engine family (ddp, deepspeed, fsdp),
+    ZeRO stage, then name (ddp, ddp_overlap, grad_accum, zero0 ... zero2_offload, zero3 ... zeropp, fsdp); names the
+    registry does not know follow, alphabetically."""
+    from workflow_scripts.training.strategies import STRATEGIES
+
+    s = STRATEGIES.get(name)
+    return (0, s.family, s.zero_stage, name) if s else (1, "", 0, name)
 
 
 def order_strategies(names) -> list[str]:

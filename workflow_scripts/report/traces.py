@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from workflow_scripts import schema
+
 PHASES = ("forward", "backward", "optimizer")
 COLLECTIVE = re.compile(r"^(gloo|nccl|rccl):")  # the process group's own ranges around each collective
 NCCL_KERNEL = re.compile(r"nccl|rccl", re.I)
@@ -268,7 +270,7 @@ def main(argv=None):
     one = sub.add_parser("analyse", help="one run's traces")
     one.add_argument("--traces", required=True)
     one.add_argument("--out-dir", required=True)
-    one.add_argument("--top", type=int, default=10)
+    one.add_argument("--top", type=int, default=schema.default("profile", "top_kernels"))
     study = sub.add_parser("report", help="the study's table and figure")
     study.add_argument("--analyses", nargs="*", default=[])
     study.add_argument("--table", required=True)

@@ -31,8 +31,9 @@ class Precision:
         return dict(self.by_family).get(family, self.state_bytes)
 
     @property
-    def compute_param_bytes(self) -> int:
-        """Bytes per parameter of the copy forward and backward compute with (FSDP2's gathered parameters)."""
+    def module_bytes(self) -> int:
+        """Bytes per element of the module's own dtype (bf16 under bf16-pure, else fp32): its parameters and their
+        gradients as the engine computes with them (DeepSpeed's, FSDP2's gathered ones) and the residual stream."""
         return 2 if self.bf16_params else 4
 
     @property

@@ -121,14 +121,19 @@ class SamplerHandle:
 
 
 def start_sampler(out_csv: str | os.PathLike, root_pid: int, platform: str = "auto", backend: str = "auto",
-                  interval_s: float = 0.1, step_file: str | os.PathLike | None = None) -> SamplerHandle:
-    """Start sampling the process tree under ``root_pid`` into ``out_csv`` every ``interval_s`` seconds.
+                  interval_s: float | None = None, step_file: str | os.PathLike | None = None) -> SamplerHandle:
+    """Start sampling the process tree under ``root_pid`` into ``out_csv`` every ``interval_s`` seconds (default:
+    the config's `sampler.interval_s` default).
 
     platform: 'cpu' | 'cuda' | 'rocm' ('auto' guesses from /dev). backend: 'auto' | 'nvml' | 'amdsmi' | 'torch' |
     'host'. step_file: the file ``StepPublisher`` writes (the PIPELINE_STEP_FILE of the run).
     Invalid arguments raise ValueError; anything going wrong at run time is reported by ``stop()`` instead.
     """
     plan(platform, backend)  # validates the names
+    if interval_s is None:
+        from workflow_scripts import schema
+
+        interval_s = schema.default("sampler", "interval_s")
     if not interval_s > 0:
         raise ValueError(f"interval_s must be > 0, got {interval_s}")
     out = Path(out_csv).resolve()

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 
+from workflow_scripts import schema
 from workflow_scripts.measure.vram.backends import ALL_BACKENDS
 from workflow_scripts.measure.vram.sampler import SamplerConfig, run_sampler
 
@@ -29,7 +30,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="timeline CSV to write")
     ap.add_argument("--platform", default="auto", choices=["auto", "cpu", "cuda", "rocm"])
     ap.add_argument("--backend", default="auto", choices=["auto", *ALL_BACKENDS])
-    ap.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1)")
+    ap.add_argument("--interval", type=float, default=schema.default("sampler", "interval_s"),
+                    help="seconds between samples (default: the config's sampler.interval_s default)")
     ap.add_argument("--step-file", default=None, help="step file written by StepPublisher")
     ap.add_argument("--root-pid", type=int, default=None, help="attach to this process tree instead of a command")
     ap.add_argument("--stop-on-eof", action="store_true", help="with --root-pid: stop when stdin closes")
