@@ -69,9 +69,8 @@ RUNS = study.runs(
 PUBLISHED_RUNS = study.published_runs(
     config
 )  # the as-published variant (config published)
-AS_PUBLISHED_RUN = (
-    f"{R}/as_published/runs/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}"
-)
+AS_PUBLISHED = f"{R}/as_published"
+AS_PUBLISHED_RUN = f"{AS_PUBLISHED}/{columns.RUN_DIR}"
 
 
 def published_run_dirs():
@@ -137,7 +136,7 @@ def spec_of(w, overrides, out_pattern, work_root, measured=False):
         int(w.repeat),
         overrides,
         out_dir=out_pattern.format(**w),
-        work_dir=f"{work_root}/runs/{w.model}/{w.strategy}/{w.layout}/r{w.repeat}",
+        work_dir=f"{work_root}/{columns.RUN_DIR.format(**w)}",
         ops=ops_for(w),
         measured=measured,
     )

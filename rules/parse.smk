@@ -7,7 +7,7 @@ rule parse:
         calibration=rules.calibrate.output.json,
     output:
         runs=report(
-            f"{R}/tables/runs.csv",
+            f"{R}/{columns.RUNS_TABLE}",
             caption="../report/captions/runs.rst",
             category="Tables",
         ),

@@ -2,17 +2,14 @@
 # (model, strategy) pairs with the publication's own settings (its confounds included) into {R}/as_published, parsed
 # on its own so it never enters the fair tables; then the claims table and figure (workflow_scripts/report/claims.py).
 
-AS_PUBLISHED = f"{R}/as_published"
-AP_RUN = f"{AS_PUBLISHED}/runs/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}"
-
 
 use rule train as train_as_published with:
     output:
-        summary=f"{AP_RUN}/summary.json",
-        metrics=f"{AP_RUN}/metrics.csv",
-        vram=f"{AP_RUN}/vram.csv",
-        settings=f"{AP_RUN}/strategy_settings.json",
-        provenance=f"{AP_RUN}/provenance.json",
+        summary=f"{AS_PUBLISHED_RUN}/summary.json",
+        metrics=f"{AS_PUBLISHED_RUN}/metrics.csv",
+        vram=f"{AS_PUBLISHED_RUN}/vram.csv",
+        settings=f"{AS_PUBLISHED_RUN}/strategy_settings.json",
+        provenance=f"{AS_PUBLISHED_RUN}/provenance.json",
     log:
         f"{AS_PUBLISHED}/logs/train/{{model}}/{{strategy}}/{{layout}}/r{{repeat}}.log",
     params:
@@ -26,7 +23,7 @@ use rule parse as parse_as_published with:
         vram=expand("{run}/vram.csv", run=published_run_dirs()),
         calibration=rules.calibrate.output.json,
     output:
-        runs=f"{AS_PUBLISHED}/tables/runs.csv",
+        runs=f"{AS_PUBLISHED}/{columns.RUNS_TABLE}",
         steps=f"{AS_PUBLISHED}/tables/steps.csv",
         vram=f"{AS_PUBLISHED}/tables/vram.csv",
         runs_parquet=f"{AS_PUBLISHED}/tables/runs.parquet",
@@ -44,7 +41,7 @@ use rule parse as parse_as_published with:
 rule claims:
     input:
         fair=rules.parse.output.runs,
-        as_published=f"{AS_PUBLISHED}/tables/runs.csv",
+        as_published=f"{AS_PUBLISHED}/{columns.RUNS_TABLE}",
         code=stage_code("report.claims", "report.style", "report.tables"),
     output:
         csv=f"{R}/tables/claims.csv",
