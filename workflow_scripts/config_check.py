@@ -16,7 +16,7 @@ from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import model_problems, run_problems, unimplemented
 from workflow_scripts.training.strategies import STRATEGIES
-from workflow_scripts.training.strategies._deepspeed import BF16_KEYS
+from workflow_scripts.training.strategies._deepspeed import BF16_KEYS, no_bf16_section
 
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-pure")
@@ -198,8 +198,7 @@ def bf16_option_problems(config: dict) -> list[str]:
                 continue
             if STRATEGIES[s].engine_precision(precision, options) != "bf16-pure":  # no bf16 section
                 where = f"groups[{i}].train.precision" if "precision" in g.get("train", {}) else "train.precision"
-                out.append(f"strategy_options.{s}.{keys[0]}: DeepSpeed has a bf16 section only under bf16-pure, "
-                           f"but {where} is {precision}")
+                out.append(no_bf16_section(s, keys[0], where, precision))
     return out
 
 

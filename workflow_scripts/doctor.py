@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from workflow_scripts import columns as C
 from workflow_scripts.units import GIB
 
 
@@ -73,7 +74,7 @@ def strategy_table(strategies: list[str], platform: str, build: bool) -> list[di
                 cache[op] = op_status(op, platform, build)
             if cache[op]:
                 reasons.append(cache[op])
-        rows.append({"strategy": name, "will": "unsupported" if reasons else "run", "why": "; ".join(reasons)})
+        rows.append({"strategy": name, "will": C.UNSUPPORTED if reasons else "run", "why": "; ".join(reasons)})
     return rows
 
 

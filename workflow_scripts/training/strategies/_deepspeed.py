@@ -93,6 +93,12 @@ TOP_LEVEL_KEYS = ("communication_data_type", "aio", "prescale_gradients", "gradi
 BF16_KEYS = ("check_grad_overflow",)
 
 
+def no_bf16_section(strategy: str, key: str, where: str, precision: str) -> str:
+    """The one error for a bf16-section option where the run has no bf16 section (config_check, the engine)."""
+    return (f"strategy_options.{strategy}.{key}: DeepSpeed has a bf16 section only under bf16-pure, but {where} is "
+            f"{precision}")
+
+
 def split_options(options: dict, consumes: tuple = ()) -> tuple[dict, dict, dict]:
     """The user's `strategy_options.<name>` by where DeepSpeed reads them: (its top level, its bf16 section,
     zero_optimization). The keys in `consumes` are the strategy's own (e.g. nvme_path) and go to none."""
@@ -199,8 +205,7 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
         cfg = ds_config(ctx, zero_section(ctx), {**extra(ctx), **top},
                         bf16_mode=engine_precision(ctx.precision.name, ctx.options) == "bf16-pure")
         if bf16 and "bf16" not in cfg:
-            raise ValueError(f"strategy_options.{name}.{next(iter(bf16))}: DeepSpeed has a bf16 section only under "
-                             f"train.precision bf16-pure (this run: {ctx.precision.name})")
+            raise ValueError(no_bf16_section(name, next(iter(bf16)), "this run's train.precision", ctx.precision.name))
         cfg.get("bf16", {}).update(bf16)
         return cfg
 
