@@ -146,8 +146,9 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
     if config["profile"].get("enabled"):  # only then: a spec without traces stays what it was
         spec["profile"] = config["profile"]
         spec["trace_dir"] = trace_dir(config, model, strategy, layout.key, repeat)
+    spec["batch"] = batch_split(spec)
+    micro = spec["batch"]["micro_batch"]
     # auto levers made true/false: the spec says what the run does (training/levers.py: the GPU fast path)
-    micro, _ = micro_and_accum(spec)  # of one forward (grad_accum splits the micro-batch)
     auto = [k for k, v in spec["train"].items() if v == replay.AUTO]
     trial = lever_trial_path(config, model, strategy, layout.key) if measured else None
     spec["train"] = levers.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
@@ -158,6 +159,14 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
     # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
     spec["train"]["seed"] = config["train"]["seed"] + int(repeat)
     return spec
+
+
+def batch_split(spec: dict) -> dict:
+    """The micro-batch of one forward and the accumulation steps of a run, resolved once into its spec for every
+    rank (the registry's rule, strategies.micro_and_accum: grad_accum splits the micro-batch at the same effective
+    batch)."""
+    micro, accum = micro_and_accum(spec)
+    return {"micro_batch": micro, "accum": accum}
 
 
 def lever_trial_path(config: dict, model: str, strategy: str, layout: str) -> str | None:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from workflow_scripts import columns as C
-from workflow_scripts import schema
+from workflow_scripts import schema, study
 from workflow_scripts.training import graceful_stop, workflow_watch
 from workflow_scripts.units import GIB
 
@@ -114,7 +114,8 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
     from workflow_scripts.training.context import from_spec
     from workflow_scripts.training.levers import apply_trial
 
-    spec = {**spec, "train": apply_trial(spec["train"])}  # measured `auto` levers: the trial's choice
+    spec = {**spec, "train": apply_trial(spec["train"]),  # measured `auto` levers: the trial's choice
+            "batch": spec.get("batch") or study.batch_split(spec)}  # a spec written by hand or before the split
     out_dir, work_dir = Path(spec["out_dir"]), Path(spec["work_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)

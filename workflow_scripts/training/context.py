@@ -12,7 +12,6 @@ from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.precision import policy
 from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.strategies import get as get_strategy
-from workflow_scripts.training.strategies import micro_and_accum
 
 
 def process_env(platform: str) -> tuple[int, int, int, int, torch.device]:
@@ -47,9 +46,12 @@ def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int |
         device = torch.device("cpu") if spec["platform"] == "cpu" else torch.device("cuda", 0)
     if local_world is None:
         local_world = layout.world_size // spec.get("nodes", schema.default("nodes"))
-    micro, accum = micro_and_accum(spec)
+    if "batch" not in spec:
+        raise KeyError("the run spec has no `batch` (the micro-batch split study.run_spec resolves): start the run "
+                       "through workflow_scripts.job.launch, which resolves it in a spec written before or by hand")
+    micro, accum = spec["batch"]["micro_batch"], spec["batch"]["accum"]
     strategy = get_strategy(spec["strategy"])
-    consumed = strategy.option_keys if strategy.accumulation is not None else ()  # micro_and_accum read them
+    consumed = strategy.option_keys if strategy.accumulation is not None else ()  # the split read them
     options = {k: v for k, v in spec["options"].items() if k not in consumed}
     return RunContext(rank=rank, local_rank=local_rank, local_world_size=local_world, device=device,
                       platform=spec["platform"], layout=layout, precision=policy(spec["precision"]),
