@@ -134,8 +134,8 @@ def test_every_trainer_setting_the_schema_offers_has_its_arguments():
 
 
 def test_a_rerun_of_a_cut_bench_keeps_its_own_configs_runs_only(tmp_path):
-    """A benchmark job cut short (a time limit) and run again goes on where it stopped; a changed config starts over
-    (a table never mixes two configurations)."""
+    """A benchmark job cut short (a time limit) and run again goes on where it stopped, also when it asks for more
+    rounds; a changed config starts over (a table never mixes two configurations)."""
     from workflow_scripts.bench.harness import Rounds
 
     config = {"bench": {"rounds": 3}}
@@ -144,7 +144,9 @@ def test_a_rerun_of_a_cut_bench_keeps_its_own_configs_runs_only(tmp_path):
     again = Rounds(tmp_path / "x_rounds.csv", config, lambda df: df)
     assert again.done(runner="ours", repeat=0) and not again.done(runner="ours", repeat=1)
     assert (tmp_path / "x.md").exists()
-    changed = Rounds(tmp_path / "x_rounds.csv", {"bench": {"rounds": 4}}, lambda df: df)
+    more = Rounds(tmp_path / "x_rounds.csv", {"bench": {"rounds": 6}}, lambda df: df)
+    assert more.done(runner="ours", repeat=0)
+    changed = Rounds(tmp_path / "x_rounds.csv", {"bench": {"rounds": 3, "model": "other"}}, lambda df: df)
     assert changed.rows == [] and not changed.done(runner="ours", repeat=0)
 
 

@@ -92,11 +92,12 @@ def lever_row(name: str, overrides: dict, s: dict, repeat: int) -> dict:
 class Rounds:
     """The rows of one part, written after every run (a job cut short keeps what it measured). Rows of an earlier
     attempt of the same job with the same config (read back from its rounds file, `config_sha`) are kept and their
-    runs not repeated: a rerun after a time limit goes on where the last one stopped, never mixing two configs."""
+    runs not repeated: a rerun after a time limit goes on where the last one stopped, never mixing two configs. The
+    number of rounds is not part of the config's hash: a rerun asking for more rounds adds them to those it has."""
 
     def __init__(self, path: Path, config: dict, table):
         self.path, self.table = path, table
-        self.sha = config_hash(config)
+        self.sha = config_hash({**config, "bench": {k: v for k, v in config.get("bench", {}).items() if k != "rounds"}})
         old = pd.read_csv(path) if path.exists() else pd.DataFrame()
         self.rows = old[old["config_sha"] == self.sha].to_dict("records") if "config_sha" in old else []
         if self.rows:

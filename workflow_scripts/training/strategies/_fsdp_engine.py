@@ -29,8 +29,9 @@ class FSDPEngine(Engine):
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
         else:
             model.to(ctx.device)
-        for block in transformer_blocks(model):
-            fully_shard(block, **kwargs)
+        if self.settings["wrap_blocks"]:
+            for block in transformer_blocks(model):
+                fully_shard(block, **kwargs)
         self.module = fully_shard(model, **kwargs)
         self.optimizer = adamw(model.parameters(), ctx)
         self.stepper = LocalAdamW(self.optimizer) if self.settings["local_step"] else self.optimizer
