@@ -25,7 +25,7 @@ from workflow_scripts.units import GIB
 def committed_rows(results: Path) -> list[tuple[str, Path, float]]:
     """(set name, run directory, sampled device-wide peak) of every ok GPU run under results/."""
     out = []
-    for runs_csv in sorted(results.glob("**/tables/runs.csv")):
+    for runs_csv in sorted(results.glob(f"**/{C.RUNS_TABLE}")):
         tables = runs_csv.parent
         runs = pd.read_csv(runs_csv)
         for row in runs.to_dict("records"):

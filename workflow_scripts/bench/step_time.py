@@ -32,7 +32,7 @@ CONSTANTS = ("MEMORY_BYTES", "LOSS_BYTES", "HOST_OPS", "FIXED_OPS", "DS_OPS_PER_
 def committed_rows(results: Path) -> pd.DataFrame:
     """The ok GPU rows of every committed study set (tables/runs.csv) and benchmark run (bench/**/summary.json)."""
     frames = []
-    for path in sorted(results.glob("**/tables/runs.csv")):
+    for path in sorted(results.glob(f"**/{C.RUNS_TABLE}")):
         frame = pd.read_csv(path)
         frame["set"] = str(path.parent.parent.relative_to(results))
         frame["tables"] = str(path.parent)

@@ -2,12 +2,13 @@
 
 Every source of a DeepSpeed op includes `torch/extension.h`; parsing it is ~20 s of a ~27 s compile on our 2-core
 machines, and async_io has 12 sources (its build was most of a newcomer's setup). `build_ops` puts a `c++` first on
-PATH for such a build (ccache's "masquerade" setup): torch's ninja file and every command in it stay exactly what
+PATH while CPU ops build (ccache's "masquerade" setup): torch's ninja file and every command in it stay exactly what
 they are without us, so a later load of the op (a rank, a test) finds nothing changed and rebuilds nothing. That
-`c++` is this module run as a script: it builds the header once per set of flags (the flags of the object files
-minus input, output, dependency file and `-g`) under a lock, then compiles each source with `-include` of it.
-Debug info (`-g`) is left out of such an op: a 0.8 GB precompiled header becomes 1 GB with it and each file's
-compile doubles. If the header does not build, each source compiles as it would have (without `-g`).
+`c++` is this module run as a script: for an op of MIN_SOURCES or more it builds the header once per set of flags
+(the flags of the object files minus input, output, dependency file and `-g`) under a lock, then compiles each
+source with `-include` of it; an op of fewer sources compiles as given. Debug info (`-g`) is left out of every op
+built so: a 0.8 GB precompiled header becomes 1 GB with it and each file's compile doubles. If the header does not
+build, each source compiles as it would have (without `-g`).
 """
 from __future__ import annotations
 
@@ -83,9 +84,13 @@ def masquerade(parent: str | None):
     if os.environ.get("CXX") or real is None:
         yield
         return
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    work_dir = Path(tempfile.mkdtemp(prefix=".precompiled-", dir=parent))
+    try:
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        work_dir = Path(tempfile.mkdtemp(prefix=".precompiled-", dir=parent))
+    except OSError:  # nowhere to write: the build goes on as torch runs it
+        yield
+        return
     bin_dir, root = work_dir / "bin", work_dir / "headers"
     bin_dir.mkdir(parents=True, exist_ok=True)
     shim = bin_dir / "c++"
