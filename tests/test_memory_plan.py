@@ -61,9 +61,10 @@ def test_expert_parallel_shards_the_experts_of_ddp_not_of_fsdp():
 
 
 def test_fsdp_keeps_the_gathered_parameters_where_it_does_not_reshard():
-    """FSDP2 not resharding after forward (its default on a one-rank data-parallel mesh, strategies.fsdp) keeps every
-    block's gathered parameters until backward: p x the compute dtype's bytes (measured +0.66 GiB for GPT-2-medium,
-    bf16-pure, one H100); a run's recorded setting wins over today's default (committed runs resharded)."""
+    """FSDP2 not resharding after forward, or one unit over the whole model (both its default in a one-rank run,
+    strategies.fsdp), has the whole model's gathered parameters at the start of backward: p x the compute dtype's
+    bytes (measured +0.66 GiB for GPT-2-medium, bf16-pure, one H100); a run's recorded setting wins over today's
+    default (committed runs resharded each block)."""
     from workflow_scripts.plan.predict import predict
 
     common = dict(model="gpt2-medium", strategy="fsdp", micro_batch=4, seq_len=1024, grad_accum=1, vocab=50257)
@@ -72,7 +73,9 @@ def test_fsdp_keeps_the_gathered_parameters_where_it_does_not_reshard():
         one = predict(precision=precision, world_size=1, **common).parts["engine buffers"]
         assert one == pytest.approx(bytes_per_param * n), precision
         assert predict(precision=precision, world_size=2, **common).parts["engine buffers"] == 0.0
-        assert predict(precision=precision, world_size=1, options={"reshard_after_forward": True},
+        resharded = {"reshard_after_forward": True}  # one unit over the model still gathers it all for backward
+        assert predict(precision=precision, world_size=1, options=resharded, **common).parts["engine buffers"] == one
+        assert predict(precision=precision, world_size=1, options={**resharded, "wrap_blocks": True},
                        **common).parts["engine buffers"] == 0.0
         assert predict(precision=precision, world_size=1, gathered_kept=False,
                        **common).parts["engine buffers"] == 0.0

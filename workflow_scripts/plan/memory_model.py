@@ -142,9 +142,9 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
       on the host with offload) and its reduce (IPG) bucket, `reduce_bucket_size` elements in the parameters' dtype,
       allocated on the GPU at start-up whatever the offload (DeepSpeed 0.19 stage3.py).
       Stage 2's gradient partition is not alive at the start of backward (measured: ZeRO-2 peaks as ZeRO-1).
-    - FSDP2: nothing beyond the shards at that point when it reshards after forward (each unsharded block is freed
-      after its forward); when it does not (`gathered_kept`: strategies.fsdp.reshard_after_forward, by default on a
-      one-rank data-parallel mesh), every block's gathered parameters stay until backward, p in the dtype it
+    - FSDP2: nothing beyond the shards at that point when it reshards each block after its forward; when the whole
+      model's gathered parameters are alive there (`gathered_kept`: strategies.fsdp.keeps_gathered_params: no
+      resharding, or one unit over the whole model, both fsdp's default in a one-rank run), p in the dtype it
       computes in (bf16 under bf16-pure, its MixedPrecisionPolicy; else fp32): measured +0.66 GiB for GPT-2-medium
       under bf16-pure on one H100 (results/bench_harness/h100-fsdp-local-step)."""
     if family == "ddp":

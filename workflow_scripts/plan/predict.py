@@ -123,7 +123,7 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
 def predict_run(spec: dict, summary: dict, method: str = "analytic", settings: dict | None = None) -> mm.Prediction:
     """From a run's run_spec.json and summary.json (ok runs: the summary has the model's size), and its
     strategy_settings.json where there is one (the engine it recorded: whether DDP wrapped the model, whether FSDP2
-    resharded after forward)."""
+    kept its gathered parameters)."""
     from workflow_scripts.training.levers import compiles
 
     t = spec["train"]
@@ -137,5 +137,14 @@ def predict_run(spec: dict, summary: dict, method: str = "analytic", settings: d
                    trainable=summary.get("trainable_params"),
                    ddp_wrapped=str((settings or {}).get("engine", "")).startswith("torch.nn.parallel.Distributed")
                    if settings and "engine" in settings else None,
-                   gathered_kept=not settings["reshard_after_forward"]
-                   if settings and "reshard_after_forward" in settings else None)
+                   gathered_kept=recorded_gathered(settings))
+
+
+def recorded_gathered(settings: dict | None) -> bool | None:
+    """Whether a run's FSDP2 engine kept the gathered parameters into backward, as it recorded it; runs made before
+    it recorded that (all wrapped each block) kept them exactly when they did not reshard after forward."""
+    if not settings:
+        return None
+    if "gathered_kept" in settings:
+        return bool(settings["gathered_kept"])
+    return not settings["reshard_after_forward"] if "reshard_after_forward" in settings else None

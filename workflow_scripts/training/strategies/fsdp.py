@@ -40,11 +40,18 @@ def wrap_blocks(ctx: RunContext) -> bool:
     return ctx.layout.world_size > 1
 
 
+def keeps_gathered_params(ctx: RunContext) -> bool:
+    """Whether the whole model's gathered parameters are alive at the start of backward: when it does not reshard
+    after forward, or when one unit holds the whole model (its backward gathers them all at once)."""
+    return not reshard_after_forward(ctx) or not wrap_blocks(ctx)
+
+
 def fsdp_settings(ctx: RunContext) -> dict:
     mp = {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"} if ctx.precision.bf16_params else None
     return {"engine": "torch.distributed.fsdp.fully_shard (FSDP2)",
             "sharding": "full (per transformer block + root)" if wrap_blocks(ctx) else "full (root only)",
             "wrap_blocks": wrap_blocks(ctx), "reshard_after_forward": reshard_after_forward(ctx),
+            "gathered_kept": keeps_gathered_params(ctx),
             "cpu_offload": bool(ctx.options.get("cpu_offload", False)), "mixed_precision_policy": mp,
             "local_step": bool(ctx.options.get("local_step", True)),
             "mesh": "dp", **batch_settings(ctx), "optimizer": adamw_settings(ctx)}
@@ -58,5 +65,5 @@ STRATEGY = Strategy(
     build=lazy.part(f"{__package__}._fsdp_engine", "FSDPEngine"),
     offload_optimizer=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
     offload_params=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
-    keeps_gathered_params=lambda ctx: not reshard_after_forward(ctx),
+    keeps_gathered_params=keeps_gathered_params,
 )
