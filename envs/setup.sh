@@ -26,8 +26,8 @@ fi
 pin() { grep -E "^$1==" "$here/requirements.txt"; }
 python3 -m pip install -q "$(pin torch)"
 python3 -m pip install -q -c "$here/requirements.txt" "$(pin deepspeed)"
-# DeepSpeed's CPU ops (every op a strategy needs: cpu_adam, async_io; the quantizer is GPU-only) into this
-# machine's op cache, once, as the workflow's build_op stage does (workflow_scripts/training/build_ops.py), while
+# DeepSpeed's CPU ops (every op a strategy needs, from the strategies' own lists; one the CPU has none of is
+# reported as not built) into this machine's op cache, once, as the workflow's build_op stage does (workflow_scripts/training/build_ops.py), while
 # pip installs the rest. A failed build is only reported here; a study records it as the strategy's `unsupported`
 # row. Building them here rather than among the study's training jobs: setup 6 min 53 s + default study 4 min 34 s,
 # against 2 min 17 s + 10 min 41 s (an emptied 2-core machine).

@@ -3,8 +3,9 @@
 DeepSpeed JIT-compiles C++ ops (cpu_adam, async_io, the quantizer) in every rank on first use; concurrent builds
 race and can crash a rank. This stage builds each once, one build of an op at a time on the machine, into the
 machine's op cache (`extensions_dir`; config `torch_extensions_dir`) and records, per op, whether it built, how
-long it took, and the error if not: the launcher turns a failed op into an `unsupported` row for the strategies that need it. A success is recorded in
-the op cache as well (`<op>.built.json`): every later study or workflow copy on the machine answers from it.
+long it took, and the error if not: the launcher turns a failed op into an `unsupported` row for the strategies
+that need it. A success is recorded in the op cache as well (`<op>.built.json`): every later study or workflow
+copy on the machine answers from it.
 """
 from __future__ import annotations
 
@@ -87,11 +88,16 @@ def exclusive_build(name: str):
         yield
 
 
+def build_record(op: str) -> Path | None:
+    """Where the op cache records a successful build of `op` (none without an op cache)."""
+    ext = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(ext) / f"{op}.built.json" if ext else None
+
+
 def built_before(op: str) -> dict | None:
     """The build of this op the op cache recorded, if its library is still there: a study's build_op job then
     answers without importing DeepSpeed (successes only: a failure, e.g. libaio missing, may since be mended)."""
-    ext = os.environ.get("TORCH_EXTENSIONS_DIR")
-    record = Path(ext) / f"{op}.built.json" if ext else None
+    record = build_record(op)
     if record is None or not record.exists():
         return None
     built = json.loads(record.read_text())
@@ -116,11 +122,11 @@ def build(op: str, platform: str = "cpu") -> dict:
         with exclusive_build(builder.name), header:
             builder.load(verbose=False)
         result = {"ok": True, "seconds": time.perf_counter() - started, "error": None}
-        ext = os.environ.get("TORCH_EXTENSIONS_DIR")
-        if ext:  # what built_before reads (a cache that cannot be written only loses the shortcut)
-            library = Path(ext) / builder.name / f"{builder.name}.so"
+        record = build_record(op)
+        if record:  # what built_before reads (a cache that cannot be written only loses the shortcut)
+            library = record.parent / builder.name / f"{builder.name}.so"
             with contextlib.suppress(OSError):
-                (Path(ext) / f"{op}.built.json").write_text(json.dumps({**result, "library": str(library)}))
+                record.write_text(json.dumps({**result, "library": str(library)}))
         return result
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the study goes on
         traceback.print_exc()
