@@ -3,6 +3,9 @@ end (every strategy has a row, losses go down, DDP / ZeRO-0 / ZeRO-1 agree, figu
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -72,6 +75,8 @@ BAD_CONFIGS = [
     ({"strategy_options": {"zero2": {"check_grad_overflow": False}}},
      "strategy_options.zero2.check_grad_overflow: DeepSpeed has a bf16 section only under bf16-pure, but "
      "train.precision is fp32"),
+    ({"strategy_options": {"zero1": {"foreach_grad_norm": "yes"}}},
+     "strategy_options.zero1.foreach_grad_norm: expected true or false, got 'yes'"),
     ({"strategy_options": {"grad_accum": {"accum_steps": 3}}},  # grad_accum's accumulation rule, in the strategy
      "strategy_options.grad_accum.accum_steps: 3 must divide train.micro_batch_size x grad_accum = 8"),
 ]
@@ -193,6 +198,28 @@ def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
         assert config_error({"strategy_options": {strategy: {**options, "check_grad_overflow": False}},
                              "train": {"precision": "bf16-mixed"}}) == ""
     assert ALL["zero3"].engine_precision("bf16-mixed", {}) == "bf16-mixed"
+
+
+def test_zero12_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_rank():
+    """ZeRO-1/2's gradient norm through torch._foreach_norm (strategy option foreach_grad_norm, on by default) is
+    bit for bit DeepSpeed's per-tensor one, on two ranks each holding its partition (bf16-pure: DeepSpeed's bf16
+    optimizer; the default study's runs check the fp32 engine's through their losses), and the run records which
+    one it used; the option is ours: it never reaches DeepSpeed."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           str(REPO / "tests/fixtures/ranks/grad_norm.py"), "bf16-pure"], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert {(r["rank"], r["strategy"]) for r in rows} == {(0, "zero1"), (1, "zero1"), (0, "zero2"), (1, "zero2")}
+    for r in rows:
+        assert r["foreach"] == r["deepspeed"] > 0, r
+        assert r["grad_norm"].startswith("torch._foreach_norm"), r
+    from workflow_scripts.training.strategies import STRATEGIES as ALL
+    from workflow_scripts.training.strategies._deepspeed import check_context
+
+    cfg = ALL["zero2"].settings(check_context({"foreach_grad_norm": False}))["deepspeed_config"]
+    assert "foreach_grad_norm" not in json.dumps(cfg)
+    assert config_error({"strategy_options": {"zero1": {"foreach_grad_norm": False}}}) == ""
 
 
 def test_every_study_passes_the_strategy_option_check():

@@ -91,6 +91,9 @@ TOP_LEVEL_KEYS = ("communication_data_type", "aio", "prescale_gradients", "gradi
 # check_grad_overflow: false drops the per-tensor inf/NaN checks of its ZeRO-1/2 step (a host-bound part of it:
 # results/bench_harness/h100-zero2-profile) and with them the skip of a step whose gradients are not finite.
 BF16_KEYS = ("check_grad_overflow",)
+# ZeRO-1/2's options of ours, not DeepSpeed's (with their defaults): foreach_grad_norm, the gradient norm before the
+# clip in multi-tensor launches instead of three per parameter tensor (_deepspeed_grad_norm.py; false: DeepSpeed's)
+OWN_KEYS = {"foreach_grad_norm": True}
 
 
 def no_bf16_section(strategy: str, key: str, where: str, precision: str) -> str:
@@ -191,6 +194,8 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
     own config models."""
 
     quantized = {"zero_quantized_weights": True} if quantized_weights else {}
+    own = tuple(OWN_KEYS) if stage in (1, 2) else ()
+    consumes = tuple(consumes) + own
 
     def zero_section(ctx: RunContext) -> dict:
         fixed = zero(ctx) if callable(zero) else (zero or {})
@@ -214,13 +219,15 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
         included, and the user's) through DeepSpeed's DeepSpeedZeroConfig, and the bf16 keys through its
         DeepSpeedBF16Config. deepspeed is imported only when there is a user key for either to check."""
         _, bf16, rest = split_options(options, consumes)
+        where = f"strategy_options.{name}"
+        mine = [f"{where}.{k}: expected true or false, got {options[k]!r}" for k in own
+                if k in options and not isinstance(options[k], bool)]
         if not bf16 and not rest:
-            return []
+            return mine
         from deepspeed.runtime.precision_config import DeepSpeedBF16Config
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-        where = f"strategy_options.{name}"
-        out = model_problems(where, DeepSpeedBF16Config, {"enabled": True, **bf16}) if bf16 else []
+        out = mine + (model_problems(where, DeepSpeedBF16Config, {"enabled": True, **bf16}) if bf16 else [])
         if not rest:
             return out
         try:

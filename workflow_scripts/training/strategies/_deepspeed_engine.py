@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from workflow_scripts.training.models import transformer_blocks
-from workflow_scripts.training.strategies._deepspeed import ds_settings, gloo_collectives_on_cpu
+from workflow_scripts.training.strategies._deepspeed import OWN_KEYS, ds_settings, gloo_collectives_on_cpu
+from workflow_scripts.training.strategies._deepspeed_grad_norm import PER_TENSOR, foreach_grad_norm
 from workflow_scripts.training.strategies.engine import Engine, adamw
 
 if TYPE_CHECKING:
@@ -59,6 +60,9 @@ class DeepSpeedEngine(Engine):
             model=model, optimizer=optimizer, config=cfg,
             model_parameters=model.parameters() if optimizer is None else None)
         self.settings = ds_settings(ctx, cfg)
+        if zero.get("stage") in (1, 2):
+            foreach = ctx.options.get("foreach_grad_norm", OWN_KEYS["foreach_grad_norm"])
+            self.settings["grad_norm"] = foreach_grad_norm(self.module.optimizer) if foreach else PER_TENSOR
         self._last = True
 
     def micro_step(self, last: bool):

@@ -1,0 +1,60 @@
+"""DeepSpeed ZeRO-1/2's gradient norm in a few multi-tensor launches instead of three per parameter tensor.
+
+Before its clip, DeepSpeed's ZeRO-1/2 optimizer (`DeepSpeedZeroOptimizer.get_grad_norm_direct`) takes every
+gradient of its partition to float64 and its 2-norm one tensor at a time, and moves each norm to the device: about
+three launches per parameter tensor from Python, 293 tensors for GPT-2-medium, on the host while the GPU waits
+(BENCHMARKS.md, Part 2b). `foreach_grad_norm` swaps in the same sum for that optimizer: torch's `_foreach_norm`
+over the same gradients, cast to the same float64, then DeepSpeed's own reductions (data-parallel all-reduce of the
+squared sum, the model-parallel one, the square root, the inf/NaN mask). Where the optimizer's case is one it does
+not cover (another norm type, model-parallel ranks other than 0, pipeline-replicated parameters), it calls
+DeepSpeed's. Strategy option `foreach_grad_norm` of ZeRO-1/2 (_deepspeed.OWN_KEYS; default true; false keeps
+DeepSpeed's own, e.g. to measure it).
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+PER_TENSOR = "DeepSpeed's get_grad_norm_direct (a float64 norm per gradient tensor)"
+FOREACH = "torch._foreach_norm over the partition's gradients (float64), DeepSpeed's reductions after it"
+
+
+def foreach_grad_norm(optimizer) -> str:
+    """Swap the optimizer's per-tensor gradient norm for the multi-tensor one; returns what the run computes its
+    gradient norm with (recorded in its strategy settings)."""
+    if getattr(optimizer, "cpu_offload", False):  # its norm is taken on the host, per tensor, elsewhere
+        return "DeepSpeed's own (optimizer offload)"
+    if not hasattr(optimizer, "get_grad_norm_direct"):  # another optimizer than ZeRO-1/2's
+        return f"the engine's own ({type(optimizer).__name__})"
+    original = optimizer.get_grad_norm_direct
+
+    def direct(self, gradients, params, norm_type=2):
+        if float(norm_type) != 2.0 or getattr(self, "model_parallel_rank", 0) != 0:
+            return original(gradients, params, norm_type)
+        pairs = list(zip((g for g in gradients if not getattr(g, "_zero_padding", False)), params))
+        if any(getattr(p, "ds_pipe_replicated", False) for _, p in pairs):
+            return original(gradients, params, norm_type)
+        return squared_sum_norm(self, [g.detach() for g, _ in pairs])
+
+    optimizer.get_grad_norm_direct = types.MethodType(direct, optimizer)
+    return FOREACH
+
+
+def squared_sum_norm(optimizer, grads: list) -> torch.Tensor:
+    """The 2-norm of `grads` over every data- and model-parallel rank, as DeepSpeed computes it, per-tensor norms in
+    float64 by `_foreach_norm` (grouped by device and dtype)."""
+    import deepspeed.comm as dist
+    from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace
+    from deepspeed.runtime.zero.utils import get_norm_dtype
+
+    if grads:
+        norms = torch._foreach_norm(grads, 2.0, dtype=get_norm_dtype())
+        total = torch.stack([n.to(optimizer.device) for n in norms]).pow(2).sum().float()
+    else:
+        total = torch.zeros((), dtype=torch.float32, device=optimizer.device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=optimizer.dp_process_group)
+    optimizer._model_parallel_all_reduce(tensor=total, op=dist.ReduceOp.SUM)
+    total = total.pow(0.5)
+    mask_nan_or_inf_with_val_inplace(total, device=optimizer.device)
+    return total
