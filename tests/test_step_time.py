@@ -71,6 +71,19 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     zero2 = gpt2_run(family="deepspeed", zero_stage=2)  # DeepSpeed's optimizer: launches per parameter tensor
     ops = st.HOST_OPS["eager"] + st.FIXED_OPS + st.DS_OPS_PER_TENSOR * 16
     assert st.host_seconds(zero2, flat_rates()) == pytest.approx(ops * 10e-6)
+    # FSDP2's hooks per block, or once where one unit holds the model (a one-rank run's default, from the
+    # strategy's own rule where nothing was recorded: a plan's candidate)
+    deep = mm.Shape("gpt2", n_params=100_000, n_layer=4, d=64, ffn=256, kv=64, head_dim=16, vocab=1000)
+    per_block, one_unit = (gpt2_run(shape=deep, family="fsdp", zero_stage=3, hooks_per_block=b) for b in (True, False))
+    assert st.host_seconds(per_block, flat_rates()) == pytest.approx(
+        (4 * (st.HOST_OPS["eager"] + st.HOOK_OPS["fsdp"]) + st.FIXED_OPS + 10) * 10e-6)
+    assert st.host_seconds(one_unit, flat_rates()) == pytest.approx(
+        (4 * st.HOST_OPS["eager"] + st.HOOK_OPS["fsdp"] + st.FIXED_OPS + 10) * 10e-6)
+    plan = dict(model="gpt2-tiny", strategy="fsdp", precision="fp32", micro_batch=1, accum=1, seq_len=64, vocab=256,
+                train={})
+    assert not st.run_for(layout={"dp": 1}, **plan).hooks_per_block
+    assert st.run_for(layout={"dp": 2}, **plan).hooks_per_block
+    assert st.run_for(layout={"dp": 1}, applied={}, **plan).hooks_per_block  # a run from before one-unit wrapping
 
 
 def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():

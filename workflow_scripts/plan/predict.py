@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.training.models import MODELS, image_size
@@ -67,17 +68,23 @@ def _traced(model: str, overrides_json: str, precision: str, micro_batch: int, s
     return layer_saved_bytes(model, precision, micro_batch, seq_len, json.loads(overrides_json))["per_token"]
 
 
-def engine_choices(strategy: str, options: dict | None, layout: dict | None, world_size: int = 1
-                   ) -> tuple[bool, bool, bool]:
+class EngineChoices(NamedTuple):
+    offload_optimizer: bool
+    offload_params: bool
+    keeps_gathered: bool  # the gathered parameters kept from forward to backward
+    hooks_per_block: bool  # a sharding engine's gathers and reductions block by block (else once per step)
+
+
+def engine_choices(strategy: str, options: dict | None, layout: dict | None, world_size: int = 1) -> EngineChoices:
     """What the strategy's engine decides from its options and layout (`world_size` ranks of data parallelism where
-    there is no layout), by the strategy's own rules: (offloads the optimizer, offloads the parameters, keeps the
-    gathered parameters from forward to backward)."""
+    there is no layout), by the strategy's own rules."""
     from workflow_scripts.training.layout import Layout
     from workflow_scripts.training.strategies import STRATEGIES
 
     s = STRATEGIES[strategy]
     ctx = SimpleNamespace(options=options or {}, layout=Layout.from_dict(layout, world_size))
-    return bool(s.offload_optimizer(ctx)), bool(s.offload_params(ctx)), bool(s.keeps_gathered_params(ctx))
+    return EngineChoices(bool(s.offload_optimizer(ctx)), bool(s.offload_params(ctx)),
+                         bool(s.keeps_gathered_params(ctx)), bool(s.hooks_per_block(ctx)))
 
 
 def predict(*, model: str, strategy: str, precision: str, world_size: int, micro_batch: int, seq_len: int,
@@ -103,7 +110,7 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
     precision = strat.engine_precision(precision, options or {})  # e.g. ZeRO++ runs DeepSpeed's bf16 mode
     s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
     dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # dp x cp (ep is carved out of them)
-    off_opt, off_par, kept = engine_choices(strategy, options, layout, world_size)
+    off_opt, off_par, kept, _ = engine_choices(strategy, options, layout, world_size)
     per_layer = None
     if method == "traced":
         from workflow_scripts.plan.traced import cannot_trace

@@ -18,7 +18,8 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
   host       what the host issues per step: HOST_OPS[levers] per layer and micro-batch (kernel launches and Python,
              in units of the calibrated eager launch, `launch_us`), FIXED_OPS per micro-batch, the optimizer's
              launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
-             tensor);
+             tensor), FSDP2's and ZeRO-3's gather and reduce hooks, HOOK_OPS per layer and micro-batch (once per
+             micro-batch where one FSDP2 unit holds the whole model: Strategy.hooks_per_block);
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
              (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
              engine overlaps with the backward (DDP's buckets, ZeRO-3/FSDP's prefetch; DeepSpeed ZeRO-1/2 do not
@@ -159,6 +160,7 @@ class Run:
     # checkpointing per op, as torchtitan's selective activation checkpointing: every other matmul and the ops
     # outside the matmuls recomputed, attention kept (a run here recomputes its blocks whole)
     selective: bool = False
+    hooks_per_block: bool = True  # FSDP2 / ZeRO-3's gather and reduce hooks per block (else once: one FSDP2 unit)
 
 
 @dataclass
@@ -258,8 +260,8 @@ def sharding(run: Run) -> str | None:
 
 def host_seconds(run: Run, rates: Rates) -> float:
     layers = run.shape.n_layer / degree(run, "pp")
-    hooks = HOOK_OPS.get(sharding(run), 0.0)
-    per_micro = (HOST_OPS[run.levers] * (1.5 if run.checkpointing else 1.0) + hooks) * layers + FIXED_OPS
+    hooks = HOOK_OPS.get(sharding(run), 0.0) * (layers if run.hooks_per_block else 1.0)
+    per_micro = HOST_OPS[run.levers] * (1.5 if run.checkpointing else 1.0) * layers + hooks + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     return (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
 
@@ -395,11 +397,14 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     engine = STRATEGIES[strategy]
     levers, loss = lever_set(train, (applied or {}).get("harness"))
     options = options or {}
+    choices = engine_choices(strategy, options, layout)
+    # a run's record where it has one (runs before FSDP2's one-unit wrapping recorded none: per block)
+    per_block = choices.hooks_per_block if applied is None else bool(applied.get("wrap_blocks", True))
     return Run(shape=s, family=engine.family, zero_stage=engine.zero_stage, strategy=strategy,
                micro_batch=int(micro_batch), accum=int(accum), tokens=tokens,
                layout={k: int(v) for k, v in layout.items()}, levers=levers, compile_loss=loss,
                checkpointing=bool(train.get("gradient_checkpointing")), trainable=int(trainable),
-               tensors=12 * s.n_layer + 4, offload_optimizer=engine_choices(strategy, options, layout)[0],
+               tensors=12 * s.n_layer + 4, offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
                bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / MIB)) * MIB)

@@ -43,6 +43,9 @@ class Strategy:
     offload_params: Callable = lambda ctx: False
     # (ctx) -> whether the gathered (unsharded) parameters stay from forward to backward (FSDP2 not resharding)
     keeps_gathered_params: Callable = lambda ctx: False
+    # (ctx) -> whether a sharding engine gathers and reduces block by block (hooks per transformer block), or once
+    # for the whole model (FSDP2 with one unit: wrap_blocks false)
+    hooks_per_block: Callable = lambda ctx: True
     unsupported: Callable = lambda ctx: None  # (ctx) -> reason or None, for reasons other than a missing op
     ops: tuple = ()  # DeepSpeed op builders this strategy needs, built once before any rank starts
     # (options) -> (accumulation steps, keep the effective batch), if the strategy accumulates on its own; the

@@ -66,4 +66,5 @@ STRATEGY = Strategy(
     offload_optimizer=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
     offload_params=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
     keeps_gathered_params=keeps_gathered_params,
+    hooks_per_block=wrap_blocks,
 )
