@@ -4,7 +4,7 @@
 
 rule calibrate:
     output:
-        json=f"{R}/calibration/calibration.json",
+        json=f"{R}/{columns.CALIBRATION}",
         md=report(
             f"{R}/calibration/calibration.md",
             caption="../report/captions/calibration.rst",

@@ -276,7 +276,7 @@ def committed_files(wildcards):
 
     found = [
         f"{against}/{columns.RUNS_TABLE}",
-        f"{against}/calibration/calibration.json",
+        f"{against}/{columns.CALIBRATION}",
         f"{against}/{columns.TOKENS_MANIFEST}",
         f"{against}/{columns.RUN_TO_RUN}",
     ]

@@ -46,7 +46,7 @@ rule train:
         val=DATA["val"],
         manifest=DATA["manifest"],
         ops=ops_for,
-        calibration=ancient(f"{R}/calibration/calibration.json"),
+        calibration=ancient(f"{R}/{columns.CALIBRATION}"),
         lever_trial=lever_trial_of,
     output:
         **({"traces": directory(TRACES)} if PROFILE else {}),

@@ -6,7 +6,7 @@
 rule compare_with_committed:
     input:
         runs=rules.parse.output.runs,
-        calibration=f"{R}/calibration/calibration.json",
+        calibration=f"{R}/{columns.CALIBRATION}",
         committed=committed_files,
     output:
         csv=f"{R}/verify/reproduction.csv",

@@ -222,6 +222,46 @@ def test_published_claims_name_runs_of_the_study():
                      "published.headlines[0]: gpt2-medium/zero3 has no claim row (published.claims)"]
 
 
+def test_verify_predicts_a_gpu_rows_ratio_with_the_step_time_model_on_both_machines(tmp_path):
+    """A committed GPU set whose calibration has the step-time model's curves (the GPT-2 tutorial's rows on one H100)
+    against a rerun's calibration: the same machine predicts x1; twice the GEMM and attention rates speed up the
+    GEMM-bound DDP row (CUDA graphs) and leave the host-bound FSDP2 row; launches twice as slow halve the FSDP2 row
+    and barely move DDP's. The verdict's text names the model and the committed run's bound."""
+    import copy
+    import json
+
+    import pandas as pd
+
+    from workflow_scripts.report import verify
+
+    committed = ROOT / "results/gpt2_tutorial/h100-predicted"
+    runs = pd.read_csv(committed / "tables/runs.csv")
+    cal = json.loads((committed / "calibration/calibration.json").read_text())
+    (tmp_path / "calibration").mkdir()
+
+    def ratio(strategy, edit=lambda c: None):
+        c = copy.deepcopy(cal)
+        edit(c)
+        (tmp_path / "calibration/calibration.json").write_text(json.dumps(c))
+        return verify.model_ratio(runs[runs.strategy == strategy].iloc[0], committed, tmp_path)
+
+    def faster_gemms(c):
+        for point in c["curves"]["matmul_bf16"] + c["curves"]["sdpa_bf16"]:
+            point["tflops"] *= 2
+
+    def slower_launches(c):
+        for row in c["rows"]:
+            row["value"] = row["value"] * 2 if row["name"].startswith("launch_us[") else row["value"]
+
+    assert ratio("ddp")[0] == ratio("fsdp")[0] == 1.0
+    assert ratio("ddp")[1].startswith("step-time model: gemm-bound") and "host-bound" in ratio("fsdp")[1]
+    assert ratio("ddp", faster_gemms)[0] > 1.3 and ratio("fsdp", faster_gemms)[0] < 1.02
+    assert ratio("fsdp", slower_launches)[0] == pytest.approx(0.5, abs=0.02)
+    assert ratio("ddp", slower_launches)[0] > 0.95
+    del cal["curves"]  # a calibration from before the curves: bound.py's shares decide instead
+    assert ratio("ddp") is None
+
+
 def test_a_throughput_ratio_follows_the_measure_that_bounds_the_step():
     """plan/bound.py by hand: a one-GPU row at 375 of a calibrated 750 TFLOP/s is half compute, half host; on a
     machine with the same matmul rate and launches twice as fast the prediction is 1 / (0.5/1 + 0.5/2) = x1.33,

@@ -8,6 +8,7 @@ RUN_DIR = "runs/{model}/{strategy}/{layout}/r{repeat}"  # one run's directory (l
 RUNS_TABLE = "tables/runs.csv"  # the parse stage's run table
 TOKENS_MANIFEST = "data/tokens_manifest.json"  # the data stage's manifest (token blocks or image rows)
 LEVER_TRIAL = "levers/{model}/{strategy}/{layout}.json"  # a configuration's lever trial (job/lever_trial.py)
+CALIBRATION = "calibration/calibration.json"  # a set's measured machine (measure/calibrate.py)
 RUN_TO_RUN = "verify/run_to_run.json"  # a committed set's measured run-to-run spread (report/verify.py)
 
 # ---------------------------------------------------------------- a run's status (summary.json, runs.csv, tables)

@@ -58,7 +58,7 @@ def merged_calibration(kind: dict, own: dict | None) -> dict:
 
 
 def rates_for(row, results: Path, cache: dict) -> st.Rates:
-    own_path = results / row["set"] / "calibration/calibration.json"
+    own_path = results / row["set"] / C.CALIBRATION
     key = (row["device_name"], str(own_path))
     if key not in cache:
         kind = json.loads((results / "calibration" / KINDS[row["device_name"]] / "calibration.json").read_text())

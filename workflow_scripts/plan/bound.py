@@ -16,6 +16,7 @@ import json
 import re
 from pathlib import Path
 
+from workflow_scripts import columns as C
 from workflow_scripts.units import GB
 
 MEASURES = {"compute": "bf16 matmul TFLOP/s", "communication": "all-reduce bus bandwidth",
@@ -27,7 +28,7 @@ BUSBW = re.compile(r"(all_reduce|all_gather)_busbw\[(\d+)x(\d+)MB\]")
 
 def calibration(results_dir: Path) -> dict | None:
     """name -> value of a set's calibration, None when the set has none."""
-    path = Path(results_dir) / "calibration/calibration.json"
+    path = Path(results_dir) / C.CALIBRATION
     if not path.exists():
         return None
     return {r["name"]: r["value"] for r in json.loads(path.read_text())["rows"] if r["value"] is not None}

@@ -9,9 +9,12 @@ resolved decisions (workflow_scripts/replay.py), then every run of either set ge
   reproduced           same settings and status; loss, memory and throughput within `verify.tolerances`
   differs-explained    loss and memory within; throughput off, but what the two machines' calibrations predict
                        for this run accounts for it: within the tolerance once divided out, and for at least half
-                       of the deviation. The prediction weighs each calibrated measure by the share of the step it
-                       bounds (plan/bound.py: compute at matmul TFLOP/s, gradient all-reduce at bus bandwidth, the
-                       rest at single-thread CPU speed; a host-bound step follows the CPU, not the GPU)
+                       of the deviation. A GPU run whose two calibrations both carry the step-time model's curves
+                       is predicted by that model (plan/step_time.py) on each machine's rates: the ratio of the two
+                       predicted steps, and the bound of the committed one; otherwise the prediction weighs each
+                       calibrated measure by the share of the step it bounds (plan/bound.py: compute at matmul
+                       TFLOP/s, gradient all-reduce at bus bandwidth, the rest at single-thread CPU speed; a
+                       host-bound step follows the CPU, not the GPU)
   differs-unexplained  `why` names the measures that differ (loss, memory, throughput)
   missing              in one set only (`why` says which)
   status-changed       ok in one, oom / unsupported / failed in the other
@@ -127,6 +130,30 @@ def measures(n: pd.Series, o: pd.Series) -> dict:
             "throughput_ratio": ratio}
 
 
+def model_ratio(o, committed: Path, rerun: Path) -> tuple[float, str] | None:
+    """Rerun / committed tokens/s that the step-time model predicts for the committed GPU run on the two sets'
+    calibrations (each machine's GEMM and attention curves, copies, launch cost, bus bandwidths), and what bounds
+    it; None where a calibration lacks the curves or the model does not cover the run (bound.py's shares then)."""
+    from workflow_scripts.plan import step_time as st
+    from workflow_scripts.report.parse import step_rates
+
+    if bound.on_cpu(o):
+        return None
+    rates = [step_rates(str(path / C.CALIBRATION)) if (path / C.CALIBRATION).exists() else None
+             for path in (committed, rerun)]
+    if not all(isinstance(r, st.Rates) for r in rates):
+        return None
+    run_dir = committed / "tables" / o["run_dir"]
+    settings = run_dir / C.SETTINGS
+    run = st.run_of(json.loads((run_dir / C.RUN_SPEC).read_text()), json.loads((run_dir / C.SUMMARY).read_text()),
+                    json.loads(settings.read_text()) if settings.exists() else None)
+    if st.not_modelled(run):
+        return None
+    old, new = (st.predict(run, r) for r in rates)
+    return old.step_s / new.step_s, (f"step-time model: {old.bound}-bound, {old.step_s * 1e3:.1f} -> "
+                                     f"{new.step_s * 1e3:.1f} ms a step")
+
+
 def explained(ratio: float, predicted: float | None, tol: float) -> bool:
     """The calibration explains a throughput ratio when what is left once it is divided out is within the
     tolerance and at most half the deviation there was (a prediction of x1.02 does not explain x1.11 merely because
@@ -162,7 +189,7 @@ def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committe
     changed = replay.settings_diff(replay.run_settings(committed, *key), replay.run_settings(rerun, *key))
     m = measures(n, o) if n["status"] == o["status"] == C.OK else {}
     if m and all(cals):
-        m["calibration_ratio"], m["bound"] = bound.predicted_ratio(o, *cals)
+        m["calibration_ratio"], m["bound"] = model_ratio(o, committed, rerun) or bound.predicted_ratio(o, *cals)
     if m and key[:-1] in spreads:
         m["repeat_spread"] = spreads[key[:-1]]
         tol = {**tol, "throughput_rel": max(tol["throughput_rel"], m["repeat_spread"])}
