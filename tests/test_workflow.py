@@ -93,6 +93,8 @@ STRATEGY_TYPOS = [
     ({"strategy_options": {"ddp_overlap": {"static_graf": True}}},
      "strategy_options.ddp_overlap.static_graf: unknown key, did you mean static_graph?"),
     ({"strategies": ["ddp", "zero_2"]}, "strategies: unknown strategy 'zero_2', did you mean zero2?"),
+    ({"strategy_options": {"zero1": {"compile": {"deepcompil": True}}}},
+     "strategy_options.zero1.compile.deepcompil: unknown key, did you mean deepcompile?"),
     ({"strategy_options": {"zreo2": {"overlap_comm": True}}},
      "strategy_options.zreo2: no such strategy, did you mean zero2?"),
 ]
@@ -207,7 +209,8 @@ def test_zero12_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_ra
     one it used; the option is ours: it never reaches DeepSpeed."""
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            str(REPO / "tests/fixtures/ranks/grad_norm.py"), "bf16-pure"], cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
+                          check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert {(r["rank"], r["strategy"]) for r in rows} == {(0, "zero1"), (1, "zero1"), (0, "zero2"), (1, "zero2")}
@@ -219,6 +222,20 @@ def test_zero12_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_ra
 
     cfg = ALL["zero2"].settings(check_context({"foreach_grad_norm": False}))["deepspeed_config"]
     assert "foreach_grad_norm" not in json.dumps(cfg)
+
+
+def test_deepspeeds_compile_section_reaches_its_config_and_deepcompile_needs_a_gpu():
+    """strategy_options.<zero*>.compile is DeepSpeed's own section (its DeepCompile backend for train.compile_model):
+    it reaches the top level of the JSON, its keys are checked against DeepSpeed's CompileConfig (BAD_CONFIGS), and
+    a CPU run asking for DeepCompile is unsupported, saying why, beside a strategy's own reason."""
+    from workflow_scripts.training.strategies import STRATEGIES as ALL
+    from workflow_scripts.training.strategies._deepspeed import check_context
+
+    deepcompile = check_context({"compile": {"deepcompile": True}})
+    assert ALL["zero1"].settings(deepcompile)["deepspeed_config"]["compile"] == {"deepcompile": True}
+    assert ALL["zero1"].unsupported(deepcompile).startswith("strategy_options.zero1.compile.deepcompile: ")
+    assert ALL["zero1"].unsupported(check_context({})) is None
+    assert "nvme" in ALL["zero2_offload"].unsupported(check_context({"offload_optimizer": {"device": "nvme"}}))
     assert config_error({"strategy_options": {"zero1": {"foreach_grad_norm": False}}}) == ""
 
 

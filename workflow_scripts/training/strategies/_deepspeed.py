@@ -86,7 +86,10 @@ deepspeed_compile_model = lazy.part(f"{__package__}._deepspeed_engine", "deepspe
 zero3_compile_blocks = lazy.part(f"{__package__}._deepspeed_engine", "zero3_compile_blocks")
 
 
-TOP_LEVEL_KEYS = ("communication_data_type", "aio", "prescale_gradients", "gradient_predivide_factor")
+TOP_LEVEL_KEYS = ("communication_data_type", "aio", "prescale_gradients", "gradient_predivide_factor", "compile")
+# `compile` is DeepSpeed's section for DeepSpeedEngine.compile (train.compile_model): {deepcompile: true} takes its
+# DeepCompile backend, which puts ZeRO's gradient reduction (stages 1-2) or parameter gathers (stage 3) into the
+# compiled graph instead of per-parameter hooks; its op (dc) builds against CUDA's headers: GPU runs only.
 # keys of DeepSpeed's `bf16` section, which exists where DeepSpeed runs its own bf16 optimizer (bf16-pure; ZeRO++).
 # check_grad_overflow: false drops the per-tensor inf/NaN checks of its ZeRO-1/2 step (a host-bound part of it:
 # results/bench_harness/h100-zero2-profile) and with them the skip of a step whose gradients are not finite.
@@ -94,6 +97,14 @@ BF16_KEYS = ("check_grad_overflow",)
 # ZeRO-1/2's options of ours, not DeepSpeed's (with their defaults): foreach_grad_norm, the gradient norm before the
 # clip in multi-tensor launches instead of three per parameter tensor (_deepspeed_grad_norm.py; false: DeepSpeed's)
 OWN_KEYS = {"foreach_grad_norm": True}
+
+
+def deepcompile_refused(strategy: str, options: dict, platform: str) -> str | None:
+    """Why a run cannot take DeepSpeed's DeepCompile backend on this platform; None where it can or is not asked."""
+    if platform == "cpu" and (options.get("compile") or {}).get("deepcompile"):
+        return (f"strategy_options.{strategy}.compile.deepcompile: DeepSpeed's DeepCompile op includes CUDA's "
+                "headers; it runs on GPUs only")
+    return None
 
 
 def no_bf16_section(strategy: str, key: str, where: str, precision: str) -> str:
@@ -194,6 +205,7 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
     own config models."""
 
     quantized = {"zero_quantized_weights": True} if quantized_weights else {}
+    own_unsupported = strategy_kwargs.pop("unsupported", lambda ctx: None)
     own = tuple(OWN_KEYS) if stage in (1, 2) else ()
     consumes = tuple(consumes) + own
 
@@ -218,10 +230,16 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
         """The zero_optimization section this strategy would build from `options` (its fixed keys, stage
         included, and the user's) through DeepSpeed's DeepSpeedZeroConfig, and the bf16 keys through its
         DeepSpeedBF16Config. deepspeed is imported only when there is a user key for either to check."""
-        _, bf16, rest = split_options(options, consumes)
+        top, bf16, rest = split_options(options, consumes)
         where = f"strategy_options.{name}"
         mine = [f"{where}.{k}: expected true or false, got {options[k]!r}" for k in own
                 if k in options and not isinstance(options[k], bool)]
+        if isinstance(top.get("compile"), dict):
+            from deepspeed.compile.config import CompileConfig
+
+            mine += model_problems(f"{where}.compile", CompileConfig, top["compile"])
+        elif "compile" in top:
+            mine.append(f"{where}.compile: expected a mapping of DeepSpeed's compile keys, got {top['compile']!r}")
         if not bf16 and not rest:
             return mine
         from deepspeed.runtime.precision_config import DeepSpeedBF16Config
@@ -243,4 +261,5 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
     return Strategy(name=name, family="deepspeed", zero_stage=stage, description=description,
                     settings=lambda ctx: ds_settings(ctx, config(ctx)), option_problems=option_problems,
                     engine_precision=engine_precision,
+                    unsupported=lambda ctx: deepcompile_refused(name, ctx.options, ctx.platform) or own_unsupported(ctx),
                     build=lambda model, ctx: DeepSpeedEngine(model, ctx, config(ctx)), **strategy_kwargs)
