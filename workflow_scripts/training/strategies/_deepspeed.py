@@ -258,8 +258,10 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
     if stage == 3:
         strategy_kwargs.setdefault("compile_blocks", zero3_compile_blocks)
     strategy_kwargs.setdefault("compile_model", deepspeed_compile_model)
+    def unsupported(ctx: RunContext) -> str | None:
+        return deepcompile_refused(name, ctx.options, ctx.platform) or own_unsupported(ctx)
+
     return Strategy(name=name, family="deepspeed", zero_stage=stage, description=description,
                     settings=lambda ctx: ds_settings(ctx, config(ctx)), option_problems=option_problems,
-                    engine_precision=engine_precision,
-                    unsupported=lambda ctx: deepcompile_refused(name, ctx.options, ctx.platform) or own_unsupported(ctx),
+                    engine_precision=engine_precision, unsupported=unsupported,
                     build=lambda model, ctx: DeepSpeedEngine(model, ctx, config(ctx)), **strategy_kwargs)
