@@ -76,12 +76,7 @@ def runs_of(rows: pd.DataFrame) -> tuple[pd.DataFrame, list, pd.DataFrame]:
     """(the rows the model covers, their runs, the others with the reason)."""
     out, keep, skipped = [], [], []
     for _, row in rows.iterrows():
-        run_dir = Path(row["tables"]) / row["run_dir"]
-        spec = json.loads((run_dir / "run_spec.json").read_text())
-        summary = json.loads((run_dir / "summary.json").read_text())
-        settings_path = run_dir / "strategy_settings.json"
-        settings = json.loads(settings_path.read_text()) if settings_path.exists() else None
-        run = st.run_of(spec, summary, settings)
+        run = st.run_at(Path(row["tables"]) / row["run_dir"])
         why = st.not_modelled(run)
         keep.append(why is None)
         if why:

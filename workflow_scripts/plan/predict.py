@@ -155,3 +155,9 @@ def recorded_gathered(settings: dict | None) -> bool | None:
     if "gathered_kept" in settings:
         return bool(settings["gathered_kept"])
     return not settings["reshard_after_forward"] if "reshard_after_forward" in settings else None
+
+
+def recorded_wrap_blocks(settings: dict | None) -> bool | None:
+    """Whether a run's FSDP2 engine wrapped each block as a unit, as it recorded it (None: no record, a plan's
+    candidate); runs made before it recorded that all did."""
+    return None if settings is None else bool(settings.get("wrap_blocks", True))

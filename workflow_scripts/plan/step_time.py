@@ -383,7 +383,8 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     `train` its resolved train settings, `applied` the levers it recorded having applied (strategy_settings.json)."""
     import json
 
-    from workflow_scripts.plan.predict import count_params, engine_choices, shape, tokens_per_sample
+    from workflow_scripts.plan.predict import (count_params, engine_choices, recorded_wrap_blocks, shape,
+                                               tokens_per_sample)
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
     from workflow_scripts.training.strategies import STRATEGIES
@@ -398,8 +399,8 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     levers, loss = lever_set(train, (applied or {}).get("harness"))
     options = options or {}
     choices = engine_choices(strategy, options, layout)
-    # a run's record where it has one (runs before FSDP2's one-unit wrapping recorded none: per block)
-    per_block = choices.hooks_per_block if applied is None else bool(applied.get("wrap_blocks", True))
+    per_block = recorded_wrap_blocks(applied)
+    per_block = choices.hooks_per_block if per_block is None else per_block
     return Run(shape=s, family=engine.family, zero_stage=engine.zero_stage, strategy=strategy,
                micro_batch=int(micro_batch), accum=int(accum), tokens=tokens,
                layout={k: int(v) for k, v in layout.items()}, levers=levers, compile_loss=loss,
@@ -418,3 +419,14 @@ def run_of(spec: dict, summary: dict, settings: dict | None = None) -> Run:
                    accum=summary["grad_accum"], seq_len=int(summary["seq_len"]), vocab=int(summary["vocab_size"]),
                    train=spec["train"], options=spec.get("options"), overrides=spec.get("model_overrides"),
                    n_params=int(summary["n_params"]), trainable=summary.get("trainable_params"), applied=settings)
+
+
+def run_at(run_dir: Path) -> Run:
+    """The step-time model's view of the run in `run_dir`, from the files it wrote (columns: RUN_SPEC, SUMMARY,
+    SETTINGS where the run got as far as its engine)."""
+    from workflow_scripts import columns as C
+
+    run_dir = Path(run_dir)
+    settings = run_dir / C.SETTINGS
+    return run_of(json.loads((run_dir / C.RUN_SPEC).read_text()), json.loads((run_dir / C.SUMMARY).read_text()),
+                  json.loads(settings.read_text()) if settings.exists() else None)

@@ -143,10 +143,7 @@ def model_ratio(o, committed: Path, rerun: Path) -> tuple[float, str] | None:
              for path in (committed, rerun)]
     if not all(isinstance(r, st.Rates) for r in rates):
         return None
-    run_dir = committed / "tables" / o["run_dir"]
-    settings = run_dir / C.SETTINGS
-    run = st.run_of(json.loads((run_dir / C.RUN_SPEC).read_text()), json.loads((run_dir / C.SUMMARY).read_text()),
-                    json.loads(settings.read_text()) if settings.exists() else None)
+    run = st.run_at(committed / "tables" / o["run_dir"])
     if st.not_modelled(run):
         return None
     old, new = (st.predict(run, r) for r in rates)
