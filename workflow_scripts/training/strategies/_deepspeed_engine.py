@@ -2,6 +2,7 @@
 ZeRO++ call counters and DeepSpeed's own compile paths."""
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -65,6 +66,12 @@ class DeepSpeedEngine(Engine):
             self.settings["grad_norm"] = foreach_grad_norm(self.module.optimizer) if foreach else PER_TENSOR
         self._last = True
 
+    def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or not self.module.is_deepcompile_active():
+            return super().forward_loss(tokens)
+        with eager_call(self.module.module):  # validation under DeepCompile: see eager_call
+            return super().forward_loss(tokens)
+
     def micro_step(self, last: bool):
         self._last = last
         return super().micro_step(last)
@@ -86,11 +93,27 @@ class DeepSpeedEngine(Engine):
         self.module.load_checkpoint(path, tag="ckpt")
 
 
+@contextlib.contextmanager
+def eager_call(module: torch.nn.Module):
+    """The module's own forward for the calls inside, not the compiled one `nn.Module.compile` installed: validation
+    (no gradients) under DeepCompile, whose inference graph of GPT-2 failed on one H100 (torch 2.11, DeepSpeed
+    0.19.8: "expected Tensor() for op: torch.ops.aten._scaled_dot_product_cudnn_attention.default",
+    results/bench_harness/h100-zero12-deepcompile). The same arithmetic, eager; training steps stay compiled."""
+    compiled, module._compiled_call_impl = module._compiled_call_impl, None
+    try:
+        yield
+    finally:
+        module._compiled_call_impl = compiled
+
+
 def deepspeed_compile_model(engine: Engine, mode: str) -> dict:
     """train.compile_model for DeepSpeed engines: DeepSpeed's own `DeepSpeedEngine.compile` (torch.compile of the
     wrapped module inside the engine, its hooks kept)."""
     engine.module.compile(compile_kwargs={"mode": mode})
-    return {"compile_model": f"DeepSpeedEngine.compile(mode={mode})"}
+    out = {"compile_model": f"DeepSpeedEngine.compile(mode={mode})"}
+    if engine.module.is_deepcompile_active():
+        out["deepcompile"] = "DeepSpeed's DeepCompile backend for training steps; validation eager (eager_call)"
+    return out
 
 
 def zero3_compile_blocks(model: torch.nn.Module, mode: str) -> dict:
