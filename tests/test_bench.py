@@ -93,6 +93,7 @@ def test_both_sides_train_the_same_model_on_the_same_batch(bench):
     deepspeed = json.loads((bench / "trainer-eager/zero2/r0/trainer_summary.json").read_text())
     ours_ds = json.loads((bench / "ours/zero2/r0/strategy_settings.json").read_text())
     assert deepspeed["settings"]["deepspeed_config"] == ours_ds["deepspeed_config"]  # the exact same JSON
+    assert ours_ds["grad_norm"].startswith("torch._foreach_norm")  # what the engine swapped in, recorded
 
 
 def test_levers_keep_the_loss_and_are_recorded(bench):

@@ -125,7 +125,7 @@ def setup(spec: dict) -> Run:
     engine = build_engine(strategy, model, ctx, MODELS[spec["model"]].family)
     applied.update(levers.apply_to_engine(engine, t, strategy))
     if ctx.rank == 0:
-        settings = {**strategy.settings(ctx), "layout": ctx.layout.degrees(), "harness": applied}
+        settings = {**strategy.settings(ctx), **engine.settings, "layout": ctx.layout.degrees(), "harness": applied}
         (out_dir / C.SETTINGS).write_text(json.dumps(settings, indent=2, default=str))
 
     batches = Batches(blocks, ctx, t["seed"], pin=ctx.device.type == "cuda")

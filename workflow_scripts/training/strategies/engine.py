@@ -48,7 +48,8 @@ def adamw(params, ctx: RunContext) -> torch.optim.Optimizer:
 
 
 class Engine:
-    """Interface the training loop drives. `settings` is what gets saved next to the run's results."""
+    """Interface the training loop drives. `settings` is what gets saved next to the run's results, over the
+    strategy's settings from the config (what the engine chose once built, e.g. ZeRO's gradient norm)."""
 
     module: torch.nn.Module
     settings: dict
