@@ -123,7 +123,8 @@ def stage_code(*modules):
 def ops_for(wildcards):
     from workflow_scripts.training.build_ops import needed_ops
 
-    return expand(f"{W}/ops/{{op}}.json", op=needed_ops(wildcards.strategy))
+    options = config["strategy_options"].get(wildcards.strategy, {})
+    return expand(f"{W}/ops/{{op}}.json", op=needed_ops(wildcards.strategy, options))
 
 
 def spec_of(w, overrides, out_pattern, work_root, measured=False):
@@ -213,13 +214,12 @@ BENCH_PARTS = {
 def bench_ops(wildcards):
     from workflow_scripts.training.build_ops import needed_ops
 
-    b = config["bench"]
-    used = (
-        set(b["strategies"])
-        | {b["lever_strategy"]}
-        | {lv["strategy"] for lv in b["levers"] if "strategy" in lv}
-    )
-    names = sorted({op for s in used for op in needed_ops(s)})
+    b, opts = config["bench"], config["strategy_options"]
+    used = [(s, opts.get(s, {})) for s in set(b["strategies"]) | {b["lever_strategy"]}]
+    for lv in b["levers"]:  # a lever's options over its strategy's
+        s = lv.get("strategy", b["lever_strategy"])
+        used.append((s, {**opts.get(s, {}), **(lv.get("options") or {})}))
+    names = sorted({op for s, o in used for op in needed_ops(s, o)})
     return expand(f"{W}/ops/{{op}}.json", op=names)
 
 

@@ -237,6 +237,11 @@ def test_deepspeeds_compile_section_reaches_its_config_and_deepcompile_needs_a_g
     assert ALL["zero1"].unsupported(check_context({})) is None
     assert "nvme" in ALL["zero2_offload"].unsupported(check_context({"offload_optimizer": {"device": "nvme"}}))
     assert config_error({"strategy_options": {"zero1": {"foreach_grad_norm": False}}}) == ""
+    from workflow_scripts.training.build_ops import needed_ops  # its op is built by the build_op job, once
+
+    assert needed_ops("zero1", {"compile": {"deepcompile": True}}) == ["DeepCompileBuilder"]
+    assert needed_ops("zeropp", {"compile": {"deepcompile": True}}) == ["QuantizerBuilder", "DeepCompileBuilder"]
+    assert needed_ops("zero1", {"compile": {"deepcompile": False}}) == needed_ops("zero1") == []
 
 
 def test_every_study_passes_the_strategy_option_check():

@@ -49,13 +49,15 @@ def matching_precision(strategy: str, precision: str) -> str:
 
 
 def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, repeat: int,
-             world_size: int | None = None) -> dict:
-    """The run spec of one benchmark run: results under out/run, scratch under work_dir/bench/run."""
+             world_size: int | None = None, options: dict | None = None) -> dict:
+    """The run spec of one benchmark run: results under out/run, scratch under work_dir/bench/run; `options`: a
+    lever's strategy options over the study's."""
     b = config["bench"]
-    ops = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy)]
     spec = study.run_spec(config, b["model"], strategy, world_size or b["world_size"], repeat,
                           {**b["train"], **overrides}, out_dir=str(out / run),
-                          work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=ops)
+                          work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=[])
+    spec["options"] = {**spec["options"], **(options or {})}
+    spec["ops"] = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy, spec["options"])]
     spec["study"] = f"{config['study']}/bench"
     return spec
 
@@ -128,9 +130,9 @@ def run_levers(config: dict, out: Path, rounds: Rounds) -> None:
                 continue
             strategy = lever.get("strategy", b["lever_strategy"])
             eager = {k: v for k, v in EAGER.items() if k not in b["train"]}  # bench.train may set them
-            spec = spec_for(config, strategy, {**eager, **lever["train"]}, out, f"levers/{lever['name']}/r{r}", r)
             options = lever.get("options") or {}  # the lever's strategy options, over the study's
-            spec["options"] = {**spec["options"], **options}
+            spec = spec_for(config, strategy, {**eager, **lever["train"]}, out, f"levers/{lever['name']}/r{r}", r,
+                            options=options)
             print(f"lever {lever['name']} (round {r})", flush=True)
             settings = {**lever["train"], **({"options": options} if options else {})}
             rounds.add({**lever_row(lever["name"], settings, run_launcher(spec), r), "strategy": strategy})

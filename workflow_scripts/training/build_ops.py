@@ -67,9 +67,13 @@ def export_extensions_dir(setting: str | None, platform: str) -> str:
     return os.environ["TORCH_EXTENSIONS_DIR"]
 
 
-def needed_ops(strategy: str) -> list[str]:
-    """The strategy's own ops (DeepSpeed's CPU collectives op is never loaded: _deepspeed.gloo_collectives_on_cpu)."""
-    return list(get_strategy(strategy).ops)
+def needed_ops(strategy: str, options: dict | None = None) -> list[str]:
+    """The strategy's own ops and those its options add (`strategy_options.<strategy>`, a bench lever's over them:
+    DeepCompile's dc op). DeepSpeed's CPU collectives op is never loaded (_deepspeed.gloo_collectives_on_cpu)."""
+    from workflow_scripts.training.strategies._deepspeed import option_ops
+
+    return list(get_strategy(strategy).ops) + [op for op in option_ops(options or {})
+                                               if op not in get_strategy(strategy).ops]
 
 
 @contextlib.contextmanager

@@ -99,6 +99,11 @@ BF16_KEYS = ("check_grad_overflow",)
 OWN_KEYS = {"foreach_grad_norm": True}
 
 
+def option_ops(options: dict) -> tuple:
+    """DeepSpeed op builders a strategy's options add to its own (Strategy.ops): DeepCompile's dc op."""
+    return ("DeepCompileBuilder",) if (options.get("compile") or {}).get("deepcompile") else ()
+
+
 def deepcompile_refused(strategy: str, options: dict, platform: str) -> str | None:
     """Why a run cannot take DeepSpeed's DeepCompile backend on this platform; None where it can or is not asked."""
     if platform == "cpu" and (options.get("compile") or {}).get("deepcompile"):
