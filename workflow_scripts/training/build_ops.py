@@ -72,8 +72,8 @@ def needed_ops(strategy: str, options: dict | None = None) -> list[str]:
     DeepCompile's dc op). DeepSpeed's CPU collectives op is never loaded (_deepspeed.gloo_collectives_on_cpu)."""
     from workflow_scripts.training.strategies._deepspeed import option_ops
 
-    return list(get_strategy(strategy).ops) + [op for op in option_ops(options or {})
-                                               if op not in get_strategy(strategy).ops]
+    own = list(get_strategy(strategy).ops)
+    return own + [op for op in option_ops(options or {}) if op not in own]
 
 
 @contextlib.contextmanager
