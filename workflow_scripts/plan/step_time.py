@@ -161,6 +161,7 @@ class Run:
     # outside the matmuls recomputed, attention kept (a run here recomputes its blocks whole)
     selective: bool = False
     hooks_per_block: bool = True  # FSDP2 / ZeRO-3's gather and reduce hooks per block (else once: one FSDP2 unit)
+    deepcompile: bool = False  # DeepSpeed's compiler backend (strategy_options.<zero*>.compile.deepcompile)
 
 
 @dataclass
@@ -348,6 +349,8 @@ def not_modelled(run: Run) -> str | None:
         return "fp32: no fp32 matmul rate is calibrated"
     if run.deterministic:
         return "deterministic algorithms: other kernels than the calibrated ones"
+    if run.deepcompile:
+        return "DeepCompile: DeepSpeed's compiler backend (its reductions inside the graph) has no term"
     return None
 
 
@@ -408,6 +411,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                tensors=12 * s.n_layer + 4, offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
+               deepcompile=bool((options.get("compile") or {}).get("deepcompile")),
                bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / MIB)) * MIB)
 
 
