@@ -216,9 +216,7 @@ def bench_ops(wildcards):
 
     b, opts = config["bench"], config["strategy_options"]
     used = [(s, opts.get(s, {})) for s in set(b["strategies"]) | {b["lever_strategy"]}]
-    for lv in b["levers"]:  # a lever's options over its strategy's
-        s = lv.get("strategy", b["lever_strategy"])
-        used.append((s, {**opts.get(s, {}), **(lv.get("options") or {})}))
+    used += [study.lever_run(config, lv) for lv in b["levers"]]
     names = sorted({op for s, o in used for op in needed_ops(s, o)})
     return expand(f"{W}/ops/{{op}}.json", op=names)
 

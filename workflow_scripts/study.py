@@ -161,6 +161,13 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
     return spec
 
 
+def lever_run(config: dict, lever: dict) -> tuple[str, dict]:
+    """A bench lever's strategy (its own or bench.lever_strategy) and its strategy options: the lever's over the
+    study's strategy_options of that strategy (what its runs get, and which ops they need)."""
+    strategy = lever.get("strategy", config["bench"]["lever_strategy"])
+    return strategy, {**config["strategy_options"].get(strategy, {}), **(lever.get("options") or {})}
+
+
 def batch_split(spec: dict) -> dict:
     """The micro-batch of one forward and the accumulation steps of a run, resolved once into its spec for every
     rank (the registry's rule, strategies.micro_and_accum: grad_accum splits the micro-batch at the same effective

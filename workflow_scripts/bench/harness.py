@@ -50,13 +50,14 @@ def matching_precision(strategy: str, precision: str) -> str:
 
 def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, repeat: int,
              world_size: int | None = None, options: dict | None = None) -> dict:
-    """The run spec of one benchmark run: results under out/run, scratch under work_dir/bench/run; `options`: a
-    lever's strategy options over the study's."""
+    """The run spec of one benchmark run: results under out/run, scratch under work_dir/bench/run; `options`: the
+    run's strategy options where they are not the study's (a lever's, study.lever_run)."""
     b = config["bench"]
     spec = study.run_spec(config, b["model"], strategy, world_size or b["world_size"], repeat,
                           {**b["train"], **overrides}, out_dir=str(out / run),
                           work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=[])
-    spec["options"] = {**spec["options"], **(options or {})}
+    if options is not None:
+        spec["options"] = options
     spec["ops"] = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy, spec["options"])]
     spec["study"] = f"{config['study']}/bench"
     return spec
@@ -128,11 +129,11 @@ def run_levers(config: dict, out: Path, rounds: Rounds) -> None:
         for lever in b["levers"]:
             if rounds.done(lever=lever["name"], repeat=r):
                 continue
-            strategy = lever.get("strategy", b["lever_strategy"])
+            strategy, run_options = study.lever_run(config, lever)
             eager = {k: v for k, v in EAGER.items() if k not in b["train"]}  # bench.train may set them
-            options = lever.get("options") or {}  # the lever's strategy options, over the study's
             spec = spec_for(config, strategy, {**eager, **lever["train"]}, out, f"levers/{lever['name']}/r{r}", r,
-                            options=options)
+                            options=run_options)
+            options = lever.get("options") or {}
             print(f"lever {lever['name']} (round {r})", flush=True)
             settings = {**lever["train"], **({"options": options} if options else {})}
             rounds.add({**lever_row(lever["name"], settings, run_launcher(spec), r), "strategy": strategy})

@@ -391,6 +391,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
     from workflow_scripts.training.strategies import STRATEGIES
+    from workflow_scripts.training.strategies._deepspeed import asks_deepcompile
 
     tokens = tokens_per_sample(model, overrides, seq_len)
     if n_params is None or trainable is None:
@@ -411,7 +412,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                tensors=12 * s.n_layer + 4, offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
-               deepcompile=bool((options.get("compile") or {}).get("deepcompile")),
+               deepcompile=asks_deepcompile(options),
                bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / MIB)) * MIB)
 
 

@@ -99,14 +99,19 @@ BF16_KEYS = ("check_grad_overflow",)
 OWN_KEYS = {"foreach_grad_norm": True}
 
 
+def asks_deepcompile(options: dict) -> bool:
+    """Whether a strategy's options take DeepSpeed's DeepCompile backend (its `compile` section)."""
+    return bool((options.get("compile") or {}).get("deepcompile"))
+
+
 def option_ops(options: dict) -> tuple:
     """DeepSpeed op builders a strategy's options add to its own (Strategy.ops): DeepCompile's dc op."""
-    return ("DeepCompileBuilder",) if (options.get("compile") or {}).get("deepcompile") else ()
+    return ("DeepCompileBuilder",) if asks_deepcompile(options) else ()
 
 
 def deepcompile_refused(strategy: str, options: dict, platform: str) -> str | None:
     """Why a run cannot take DeepSpeed's DeepCompile backend on this platform; None where it can or is not asked."""
-    if platform == "cpu" and (options.get("compile") or {}).get("deepcompile"):
+    if platform == "cpu" and asks_deepcompile(options):
         return (f"strategy_options.{strategy}.compile.deepcompile: DeepSpeed's DeepCompile op includes CUDA's "
                 "headers; it runs on GPUs only")
     return None
