@@ -176,8 +176,8 @@ def test_the_chunked_loss_gives_the_heads_loss_and_gradients():
 
 def test_the_chunked_loss_trains_like_the_head_under_fsdp(token_data, tmp_path):
     """Two FSDP2 ranks (the head's weight sharded, gathered for its forward, reduce-scattered after): the per-step
-    losses of the unfused run (the tensor-parallel test's reference, conftest.run_layout); refused by name before
-    any job where it cannot run."""
+    losses of the unfused run (the tensor-parallel test's reference, conftest.run_layout), with the blocks
+    checkpointed selectively (recomputing changes no value); refused by name before any job where it cannot run."""
     import json
 
     import pytest
@@ -186,13 +186,73 @@ def test_the_chunked_loss_trains_like_the_head_under_fsdp(token_data, tmp_path):
     from workflow_scripts import config_check
 
     _, want = run_layout(token_data, tmp_path, "1d", "qwen2-tiny", "fsdp", {"dp": 2})
-    summary, got = run_layout(token_data, tmp_path, "chunked", "qwen2-tiny", "fsdp", {"dp": 2}, chunked_loss=64)
+    summary, got = run_layout(token_data, tmp_path, "chunked", "qwen2-tiny", "fsdp", {"dp": 2}, chunked_loss=64,
+                              gradient_checkpointing="selective")
     assert got == pytest.approx(want, abs=1e-4) and got[-1] < got[0]
     settings = json.loads((tmp_path / "chunked/out/strategy_settings.json").read_text())["harness"]
     assert settings["chunked_loss"].startswith("LM head + cross-entropy in chunks of 64")
+    assert settings["gradient_checkpointing"] == "selective"
     cfg = {"train": {"chunked_loss": 64, "compile_model": True}, "models": ["vit-base-16", "gpt2-tiny"],
            "strategies": ["ddp"], "world_sizes": [1], "layouts": [{"dp": 1, "tp": 2}]}
     assert config_check.chunked_loss_problems(cfg) == [
         "train.chunked_loss: vit-base-16 is an image classifier (no LM head)",
         "train.chunked_loss: not with train.compile_model: true (not checked compiled yet)",
         "train.chunked_loss: data-parallel layouts only (dp1-tp2)"]
+
+
+def test_selective_checkpointing_recomputes_no_matmul_and_changes_no_gradient():
+    """train.gradient_checkpointing (training/recompute.py) on a small Qwen2, eager and with compiled blocks: the
+    gradients of no checkpointing; the backward runs each forward matmul again under "full" and none under
+    "selective" (counted as the matmuls dispatched during backward: two per forward matmul, its input and weight
+    gradients, plus the recomputed ones); the memory model keeps more per token and layer than "full", less than none."""
+    import pytest
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from workflow_scripts.plan import memory_model as mm
+    from workflow_scripts.training import recompute
+
+    class Matmuls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+            return func(*args, **(kwargs or {}))
+
+    cfg = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, use_cache=False)
+    tokens = torch.randint(0, 96, (2, 12))
+
+    def gradients(how, compiled=False):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(cfg).train()
+        assert recompute.enable(model, {"gradient_checkpointing": how}) == {"gradient_checkpointing": how or False}
+        if compiled:
+            for block in model.model.layers:
+                block.compile()
+        loss = model(input_ids=tokens, labels=tokens).loss
+        counted = Matmuls()
+        with counted:
+            loss.backward()
+        return {n: p.grad for n, p in model.named_parameters()}, counted.n
+
+    plain, backward = gradients(False)
+    # full: q, k, v, o, gate and up again per layer (down's output feeds only the residual add: torch's checkpoint
+    # stops recomputing once what the backward needs is back)
+    for how, recomputed in (("full", 6 * cfg.num_hidden_layers), ("selective", 0)):
+        got, n = gradients(how)
+        assert n == backward + recomputed, how
+        for name, grad in got.items():
+            assert torch.allclose(grad, plain[name], atol=1e-6), (how, name)
+    compiled, _ = gradients("selective", compiled=True)
+    for name, grad in compiled.items():
+        assert torch.allclose(grad, plain[name], atol=1e-5), name
+    shape = mm.Shape("qwen2", 0, 2, 32, 64, 16, 8, 96)
+    kept = [mm.checkpoint_input_bytes(shape, "bf16-mixed"), mm.selective_bytes(shape, "bf16-mixed"),
+            mm.activation_bytes_per_token_layer(shape, "bf16-mixed")]
+    assert kept == sorted(kept) and recompute.mode({"gradient_checkpointing": True}) == "full"
+    with pytest.raises(ValueError, match="train.gradient_checkpointing"):
+        recompute.mode({"gradient_checkpointing": "some"})

@@ -36,7 +36,8 @@ FABRIC = Fabric(gpus_per_node=8, intra_node_busbw_gbs=360.0, inter_node_gbs=45.0
 def run(gpus: int, levers: str) -> st.Run:
     return st.Run(shape=LLAMA_8B, family="fsdp", zero_stage=3, strategy="fsdp", micro_batch=LOCAL_BATCH, accum=1,
                   tokens=SEQ, layout={"dp": gpus}, levers=levers, compile_loss=False, checkpointing=True,
-                  selective=True, trainable=LLAMA_8B.n_params, tensors=9 * LLAMA_8B.n_layer + 3)
+                  selective=True, matmuls_recomputed=0.5, trainable=LLAMA_8B.n_params,
+                  tensors=9 * LLAMA_8B.n_layer + 3)
 
 
 def flops_per_token() -> float:

@@ -37,6 +37,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, __version_
 from workflow_scripts import columns as C
 from workflow_scripts import schema
 from workflow_scripts.measure import metrics as M
+from workflow_scripts.training import recompute
 from workflow_scripts.training.batches import load_data, make_model
 from workflow_scripts.training.context import from_spec, process_env
 from workflow_scripts.training.strategies._deepspeed import gloo_collectives_on_cpu
@@ -104,7 +105,8 @@ def training_arguments(spec: dict, ctx, total_steps: int, extra: dict) -> Traini
         weight_decay=t["weight_decay"], adam_beta1=t["betas"][0], adam_beta2=t["betas"][1], adam_epsilon=t["eps"],
         max_grad_norm=t["grad_clip"], lr_scheduler_type="cosine", warmup_steps=t["lr_warmup_steps"],
         optim="adamw_torch_fused" if cuda else "adamw_torch", bf16=ctx.precision.uses_bf16,
-        gradient_checkpointing=bool(t["gradient_checkpointing"]), logging_steps=t["log_every"],
+        gradient_checkpointing=recompute.mode(t) is not None,
+        gradient_checkpointing_kwargs=recompute.checkpoint_kwargs(recompute.mode(t)), logging_steps=t["log_every"],
         save_strategy="no", report_to=[], disable_tqdm=True, seed=t["seed"], data_seed=t["seed"],
         dataloader_pin_memory=cuda, use_cpu=not cuda, ddp_backend=None if cuda else "gloo",
         **extra)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from workflow_scripts import columns as C
 from workflow_scripts import schema, study
-from workflow_scripts.training import graceful_stop, workflow_watch
+from workflow_scripts.training import graceful_stop, recompute, workflow_watch
 from workflow_scripts.units import GIB
 
 
@@ -219,7 +219,7 @@ def predicted_oom(spec: dict, ctx) -> str | None:
                 grad_accum=ctx.accum,
                 vocab=embedding_rows(data["vocab_size"], t), overrides=spec.get("model_overrides"),
                 layout=spec.get("layout"), options=spec.get("options"),
-                checkpointing=bool(t.get("gradient_checkpointing")),
+                checkpointing=recompute.mode(t),
                 compiled=compiles(t, MODELS[spec["model"]].family, spec.get("layout")))
     if not p.modelled or p.bound or p.device <= guard["usable_bytes"]:  # an upper bound refuses nothing
         return None

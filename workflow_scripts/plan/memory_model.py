@@ -8,7 +8,8 @@
     weight casts     under bf16-mixed autocast, the bf16 copy of every weight each matmul saves for backward;
     activations      what autograd saves per token and layer, counted op by op for the family's eager
                      transformers code (activation_bytes_per_token_layer); with gradient checkpointing the layer
-                     inputs plus one layer recomputed;
+                     inputs plus one layer recomputed (selective: the layer inputs and the matmul and attention
+                     outputs, selective_bytes);
     loss             the logits chain at its backward peak (loss_bytes_per_token).
 
 The peak is taken at the start of backward (all activations alive, the loss chain at its largest), which is where
@@ -108,6 +109,15 @@ def activation_bytes_per_token_layer(s: Shape, precision: str) -> float:
 def checkpoint_input_bytes(s: Shape, precision: str) -> float:
     """Per token and layer with gradient checkpointing: the block's input (the residual stream)."""
     return policy(precision).module_bytes * s.d
+
+
+def selective_bytes(s: Shape, precision: str) -> float:
+    """Per token and layer under selective checkpointing (training/recompute.py): the block's input and what its
+    policy keeps, the outputs of the matmuls and of attention in the compute dtype, and attention's fp32
+    log-sum-exp per head. GPT-2 and ViT: q, k, v 3d, attention output d, its projection d, fc f, fc's projection d
+    (6d + f); Qwen2: q d, k and v 2kv, attention output d, o d, gate and up 2f, down d (4d + 2kv + 2f)."""
+    kept = 4 * s.d + 2 * s.kv + 2 * s.ffn if s.family == "qwen2" else 6 * s.d + s.ffn
+    return checkpoint_input_bytes(s, precision) + (4 if precision == "fp32" else 2) * kept + 4 * s.d / s.head_dim
 
 
 def loss_bytes_per_token(s: Shape, precision: str) -> float:
@@ -223,7 +233,8 @@ def predict(*, compiled: bool = False, **run) -> Prediction:
 
 
 def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp: int,
-               micro_batch: int, seq_len: int, grad_accum: int, checkpointing: bool, layout: dict | None = None,
+               micro_batch: int, seq_len: int, grad_accum: int, checkpointing: bool | str | None,
+               layout: dict | None = None,
                offload_optimizer: bool = False, offload_params: bool = False,
                traced_per_layer: float | None = None, reduce_bucket: float = REDUCE_BUCKET,
                trainable: float | None = None, input_bytes: float = 0.0, ddp_wrapped: bool | None = None,
@@ -246,6 +257,8 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
         return Prediction(False, f"the {shape.family} family is not modelled yet")
     degrees = Layout(**{k: int(v) for k, v in layout.items()})
     pp, tp, cp, ep = degrees.pp, degrees.tp, degrees.cp, degrees.ep
+    if checkpointing == "selective" and (shape.family == "qwen2_moe" or tp > 1):
+        return Prediction(False, "selective checkpointing is modelled for dense blocks without tp only")
     embed = shape.vocab * shape.d if shape.loss_tokens == 1 else 0.0  # a ViT's head is small: in the blocks
     blocks = shape.n_params - embed * (1 if shape.tied else 2)
     if ep > 1 and family != "fsdp":  # ep shards the experts (FSDP2 already shards them over the same ranks)
@@ -269,7 +282,8 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
 
 
 def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: int, n: float, accum: int,
-                checkpointing: bool, stage: int, pp: int, tp: int, embed: float, blocks: float, act_layer: float,
+                checkpointing: bool | str | None, stage: int, pp: int, tp: int, embed: float, blocks: float,
+                act_layer: float,
                 offload_optimizer: bool, offload_params: bool, traced: bool, reduce_bucket: float,
                 train_frac: float = 1.0, ddp_wrapped: bool = True, gathered_kept: bool = False) -> dict:
     """One pipeline stage's parts (the whole model when pp = 1)."""
@@ -280,8 +294,9 @@ def stage_parts(shape: Shape, family: str, zero_stage: int, precision: str, dp: 
     param_b, grad_b, opt_b = (b * p for b in state_bytes(family, precision))
     opt_b *= train_frac
     in_flight = min(accum, pp - stage) if pp > 1 else 1
-    if checkpointing:
-        activations = in_flight * n * layers * checkpoint_input_bytes(shape, precision) + n * act_layer
+    if checkpointing:  # "full" keeps each block's input, "selective" also its matmul outputs
+        kept = selective_bytes if checkpointing == "selective" else checkpoint_input_bytes
+        activations = in_flight * n * layers * kept(shape, precision) + n * act_layer
     else:
         activations = in_flight * n * layers * act_layer
     casts = 0.0

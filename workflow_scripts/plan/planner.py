@@ -22,7 +22,7 @@ import pandas as pd
 
 from workflow_scripts import study
 from workflow_scripts.plan.predict import predict
-from workflow_scripts.training import levers
+from workflow_scripts.training import levers, recompute
 from workflow_scripts.training.layout import MESH_ORDER
 from workflow_scripts.training.models import MODELS, embedding_rows
 from workflow_scripts.units import GIB
@@ -129,7 +129,7 @@ def rows(config: dict) -> pd.DataFrame:
                                 world_size=n, micro_batch=micro, seq_len=seq_len, grad_accum=accum,
                                 vocab=vocab, overrides=config["model_overrides"].get(model),
                                 options=config["strategy_options"].get(strategy, {}),
-                                checkpointing=bool(train["gradient_checkpointing"]),
+                                checkpointing=recompute.mode(train),
                                 compiled=compiled(config, {"dp": n}, model, micro, seq_len))
                     total, device = (p.total, p.device) if p.modelled else (None, None)
                     cell = {"model": model, "strategy": strategy, "gpus": n, "micro_batch": mb,

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import NamedTuple
 
 from workflow_scripts.plan import memory_model as mm
+from workflow_scripts.training import recompute
 from workflow_scripts.training.models import MODELS, image_size
 
 
@@ -89,7 +90,7 @@ def engine_choices(strategy: str, options: dict | None, layout: dict | None, wor
 
 def predict(*, model: str, strategy: str, precision: str, world_size: int, micro_batch: int, seq_len: int,
             grad_accum: int, vocab: int, n_params: int | None = None, overrides: dict | None = None,
-            layout: dict | None = None, options: dict | None = None, checkpointing: bool = False,
+            layout: dict | None = None, options: dict | None = None, checkpointing: str | None = None,
             compiled: bool = False, method: str = "analytic", trainable: int | None = None,
             lora: dict | None = None, ddp_wrapped: bool | None = None,
             gathered_kept: bool | None = None) -> mm.Prediction:
@@ -139,7 +140,7 @@ def predict_run(spec: dict, summary: dict, method: str = "analytic", settings: d
                    seq_len=int(summary["seq_len"]), grad_accum=int(summary["grad_accum"]),
                    vocab=int(summary["vocab_size"]), n_params=int(summary["n_params"]),
                    overrides=spec.get("model_overrides"), layout=spec.get("layout"), options=spec.get("options"),
-                   checkpointing=bool(t.get("gradient_checkpointing")),
+                   checkpointing=recompute.mode(t),
                    compiled=compiles(t, MODELS[spec["model"]].family, spec.get("layout")), method=method,
                    trainable=summary.get("trainable_params"),
                    ddp_wrapped=str((settings or {}).get("engine", "")).startswith("torch.nn.parallel.Distributed")

@@ -24,7 +24,7 @@ from workflow_scripts import study
 from workflow_scripts.plan import planner
 from workflow_scripts.plan.fabric import Fabric
 from workflow_scripts.plan.predict import predict
-from workflow_scripts.training import parallel
+from workflow_scripts.training import parallel, recompute
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.units import GIB
@@ -79,7 +79,7 @@ def candidate(config, rates, fabric, model, strategy, layout: Layout, mb, vocab,
                 micro_batch=micro, seq_len=seq_len, grad_accum=accum, vocab=vocab,
                 overrides=config["model_overrides"].get(model), layout=degrees,
                 options=config["strategy_options"].get(strategy, {}),
-                checkpointing=bool(config["train"]["gradient_checkpointing"]),
+                checkpointing=recompute.mode(config["train"]),
                 compiled=planner.compiled(config, degrees, model, micro, seq_len))
     device = p.device if p.modelled else None
     fits = None if device is None or (p.bound and device > usable) else bool(device <= usable)

@@ -157,9 +157,11 @@ class Run:
     deterministic: bool = False
     grad_bytes: int = 4  # bytes of one communicated gradient (fp32; bf16 under bf16-pure)
     bucket: float = DDP_BUCKET
-    # checkpointing per op, as torchtitan's selective activation checkpointing: every other matmul and the ops
-    # outside the matmuls recomputed, attention kept (a run here recomputes its blocks whole)
+    # checkpointing per op (attention kept, the ops outside the matmuls recomputed) or per block, and the share of
+    # the forward's matmuls the backward runs again: 1 per block; torchtitan's per-op policy 0.5 (every other
+    # one); ours 0 (training/recompute.py)
     selective: bool = False
+    matmuls_recomputed: float = 1.0
     hooks_per_block: bool = True  # FSDP2 / ZeRO-3's gather and reduce hooks per block (else once: one FSDP2 unit)
     deepcompile: bool = False  # DeepSpeed's compiler backend (strategy_options.<zero*>.compile.deepcompile)
 
@@ -210,7 +212,7 @@ def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
         forward = flops / (interpolate(rates.matmul, (m, k, n)) * 1e12)
         grad_input = flops / (interpolate(rates.matmul, (m, n, k)) * 1e12)
         grad_weight = flops / (interpolate(rates.matmul, (k, m, n)) * 1e12) if trains_weights else 0.0
-        again = forward * (0.5 if run.selective else 1.0) if run.checkpointing and count > 0 else 0.0
+        again = forward * run.matmuls_recomputed if run.checkpointing and count > 0 else 0.0
         total += times * (forward + grad_input + grad_weight + again)
     return total
 
@@ -388,6 +390,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
 
     from workflow_scripts.plan.predict import (count_params, engine_choices, recorded_wrap_blocks, shape,
                                                tokens_per_sample)
+    from workflow_scripts.training import recompute
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
     from workflow_scripts.training.strategies import STRATEGIES
@@ -404,11 +407,14 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     options = options or {}
     choices = engine_choices(strategy, options, layout)
     per_block = recorded_wrap_blocks(applied)
+    recomputes = recompute.mode(train)
     per_block = choices.hooks_per_block if per_block is None else per_block
     return Run(shape=s, family=engine.family, zero_stage=engine.zero_stage, strategy=strategy,
                micro_batch=int(micro_batch), accum=int(accum), tokens=tokens,
                layout={k: int(v) for k, v in layout.items()}, levers=levers, compile_loss=loss,
-               checkpointing=bool(train.get("gradient_checkpointing")), trainable=int(trainable),
+               checkpointing=recomputes is not None, selective=recomputes == "selective",
+               matmuls_recomputed=recompute.MATMULS_RECOMPUTED.get(recomputes, 1.0),
+               trainable=int(trainable),
                tensors=12 * s.n_layer + 4, offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,

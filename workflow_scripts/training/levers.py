@@ -153,7 +153,6 @@ def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
     extra = strategy.compile_blocks(model, mode) if blocks else {}
     return {**extra, "compile_blocks": blocks, "compile_model": whole, "compile_loss": train.get("compile_loss") is True,
             "compile_mode": mode, "attn_implementation": train.get("attn_implementation", "sdpa"),
-            "gradient_checkpointing": bool(train.get("gradient_checkpointing")),
             "host_sync": f"every {train.get('log_every')} steps (losses and CUDA-event timings read together)",
             "loader": "pinned host memory, non_blocking copies"}
 

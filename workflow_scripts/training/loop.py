@@ -37,7 +37,7 @@ from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.memory_peak import MemoryPeak
 from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
-from workflow_scripts.training import chunked_loss, determinism, levers, vision, workflow_watch
+from workflow_scripts.training import chunked_loss, determinism, levers, recompute, vision, workflow_watch
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import init_distributed
@@ -115,9 +115,7 @@ def setup(spec: dict) -> Run:
     n_params, trainable = count_params(model), count_trainable(model)
     if MODELS[spec["model"]].family == "vit":  # image rows: pixels and label (training/vision.py)
         ctx.forward_loss = vision.forward_loss
-    if t["gradient_checkpointing"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    applied = {**levers.apply(model, t, strategy), **deterministic}
+    applied = {**recompute.enable(model, t), **levers.apply(model, t, strategy), **deterministic}
     if t.get("chunked_loss"):  # the head returns the loss (training/chunked_loss.py)
         applied.update(chunked_loss.install(model, t["chunked_loss"]))
         ctx.chunked_head, ctx.forward_loss = model.get_output_embeddings(), chunked_loss.forward_loss
