@@ -48,6 +48,11 @@ def test_gemm_term_counts_forward_and_both_gradients_of_every_matmul():
     again = gpt2_run(checkpointing=True)  # the blocks' forward recomputed, not the head's
     blocks = 2 * (64 * 192 + 64 * 64 + 64 * 256 + 256 * 64)
     assert st.gemm_seconds(again, flat_rates(), 32) == pytest.approx((3 * per_token + blocks) * 32 / 100e12)
+    # selective (training/recompute.py): every matmul output kept, none recomputed; torchtitan's policy: half
+    kept = gpt2_run(checkpointing=True, selective=True, matmuls_recomputed=0.0)
+    assert st.gemm_seconds(kept, flat_rates(), 32) == pytest.approx(3 * per_token * 32 / 100e12)
+    half = gpt2_run(checkpointing=True, selective=True, matmuls_recomputed=0.5)
+    assert st.gemm_seconds(half, flat_rates(), 32) == pytest.approx((3 * per_token + blocks / 2) * 32 / 100e12)
 
 
 def test_attention_term_is_causal_sdpa_forward_and_backward():
@@ -85,6 +90,15 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     assert not st.run_for(layout={"dp": 1}, **plan).hooks_per_block
     assert st.run_for(layout={"dp": 2}, **plan).hooks_per_block
     assert st.run_for(layout={"dp": 1}, applied={}, **plan).hooks_per_block  # a run from before one-unit wrapping
+    # a block recomputed from the host replays its forward's launches; selective recomputation inside a compiled
+    # block is part of the compiled backward
+    plain, full, inside = (gpt2_run(levers="blocks", checkpointing=c, selective=sel)
+                           for c, sel in ((False, False), (True, False), (True, True)))
+    assert st.host_seconds(full, flat_rates()) - st.host_seconds(plain, flat_rates()) == pytest.approx(
+        0.5 * st.HOST_OPS["blocks"] * 10e-6)
+    assert st.host_seconds(inside, flat_rates()) == st.host_seconds(plain, flat_rates())
+    selective = st.run_for(layout={"dp": 1}, **{**plan, "train": {"gradient_checkpointing": "selective"}})
+    assert selective.selective and selective.matmuls_recomputed == 0.0
 
 
 def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():

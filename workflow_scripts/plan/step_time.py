@@ -261,10 +261,20 @@ def sharding(run: Run) -> str | None:
     return "fsdp" if run.family == "fsdp" else "zero3" if run.family == "deepspeed" and run.zero_stage == 3 else None
 
 
+def replayed_forward(run: Run) -> float:
+    """How many more host launches a block's recomputation issues, as a share of its forward's: a checkpoint
+    around an eager block or around a compiled one (transformers checkpoints the block as a whole) runs its forward
+    again from the host (+50 % of the block's launches); selective checkpointing inside a compiled block is part of
+    the compiled backward (training/recompute.py): none."""
+    if not run.checkpointing or run.selective and run.levers != "eager":
+        return 0.0
+    return 0.5
+
+
 def host_seconds(run: Run, rates: Rates) -> float:
     layers = run.shape.n_layer / degree(run, "pp")
     hooks = HOOK_OPS.get(sharding(run), 0.0) * (layers if run.hooks_per_block else 1.0)
-    per_micro = HOST_OPS[run.levers] * (1.5 if run.checkpointing else 1.0) * layers + hooks + FIXED_OPS
+    per_micro = HOST_OPS[run.levers] * (1.0 + replayed_forward(run)) * layers + hooks + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     return (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
 
