@@ -204,7 +204,8 @@ def test_selective_checkpointing_recomputes_no_matmul_and_changes_no_gradient():
     """train.gradient_checkpointing (training/recompute.py) on a small Qwen2, eager and with compiled blocks: the
     gradients of no checkpointing; the backward runs each forward matmul again under "full" and none under
     "selective" (counted as the matmuls dispatched during backward: two per forward matmul, its input and weight
-    gradients, plus the recomputed ones); the memory model keeps more per token and layer than "full", less than none."""
+    gradients, plus the recomputed ones); the memory model keeps more per token and layer than "full", less than
+    none."""
     import pytest
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
