@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.training import recompute
+from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS, image_size
 
 
@@ -79,7 +80,6 @@ class EngineChoices(NamedTuple):
 def engine_choices(strategy: str, options: dict | None, layout: dict | None, world_size: int = 1) -> EngineChoices:
     """What the strategy's engine decides from its options and layout (`world_size` ranks of data parallelism where
     there is no layout), by the strategy's own rules."""
-    from workflow_scripts.training.layout import Layout
     from workflow_scripts.training.strategies import STRATEGIES
 
     s = STRATEGIES[strategy]
@@ -110,7 +110,7 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
     strat = STRATEGIES[strategy]
     precision = strat.engine_precision(precision, options or {})  # e.g. ZeRO++ runs DeepSpeed's bf16 mode
     s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
-    dp = world_size // max(1, layout.get("pp", 1) * layout.get("tp", 1))  # dp x cp (ep is carved out of them)
+    dp = Layout.from_dict(layout, world_size).shard_ranks
     off_opt, off_par, kept, _ = engine_choices(strategy, options, layout, world_size)
     per_layer = None
     if method == "traced":

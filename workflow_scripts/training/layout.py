@@ -69,6 +69,12 @@ class Layout:
         return self.dp * self.pp * self.cp * self.tp
 
     @property
+    def shard_ranks(self) -> int:
+        """The ranks a data-parallel strategy (ZeRO, FSDP2) shards its states over: dp x cp, ranks that hold the same
+        parameters and different tokens (experts are sharded over ep of them)."""
+        return self.dp * self.cp
+
+    @property
     def data_only(self) -> bool:
         return self.world_size == self.dp and self.ep == 1
 
@@ -119,7 +125,7 @@ class Layout:
                 out.append(f"{where}.ep: {self.ep}, but {model.name} has no experts (a dense model)")
             elif model.n_experts % self.ep:
                 out.append(f"{where}.ep: {self.ep} does not divide {model.name}'s {model.n_experts} experts")
-            if (self.dp * self.cp) % self.ep:
-                out.append(f"{where}.ep: {self.ep} must divide dp x cp = {self.dp * self.cp} (experts are "
+            if self.shard_ranks % self.ep:
+                out.append(f"{where}.ep: {self.ep} must divide dp x cp = {self.shard_ranks} (experts are "
                            "sharded over ranks that hold different data)")
         return out

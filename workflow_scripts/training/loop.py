@@ -349,7 +349,7 @@ def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], mem
         "val_ppl_final": math.exp(val_final) if val_final == val_final and val_final < 50 else None,
         # model parallelism splits the parameters over pp x tp ranks (evenly, as an estimate), ZeRO/FSDP over the
         # data ranks (dp x cp; expert shards too: ep x their copies); replicated experts (ddp family) not divided
-        **M.model_state_bytes(run.n_params // (ctx.layout.pp * ctx.layout.tp), ctx.dp_size * ctx.layout.cp,
+        **M.model_state_bytes(run.n_params // (ctx.layout.pp * ctx.layout.tp), ctx.layout.shard_ranks,
                               strategy.zero_stage,
                               ctx.precision.engine_state_bytes(strategy.family),
                               strategy.offload_optimizer(ctx), strategy.offload_params(ctx)),

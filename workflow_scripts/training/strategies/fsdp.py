@@ -27,7 +27,7 @@ def reshard_after_forward(ctx: RunContext) -> bool:
     +0.66 GiB peak; results/bench_harness/h100-fsdp-local-step)."""
     if "reshard_after_forward" in ctx.options:
         return bool(ctx.options["reshard_after_forward"])
-    return ctx.layout.dp * ctx.layout.cp > 1
+    return ctx.layout.shard_ranks > 1
 
 
 def wrap_blocks(ctx: RunContext) -> bool:
