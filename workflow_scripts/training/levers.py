@@ -4,8 +4,8 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
 - compile_blocks: `torch.compile` of each transformer block in place (`nn.Module.compile`) before the strategy
   wraps the model, the unit FSDP shards and DDP buckets around, so gradient communication still overlaps block by
   block (ZeRO-3 makes each block a leaf module and compiles its forward: the strategy's `compile_blocks`). Embeddings, the
-  final norm and the LM head stay eager. Gradient checkpointing wraps the compiled block (HF's non-reentrant
-  checkpoint recomputes the compiled forward).
+  final norm and the LM head stay eager. Whole-block recomputation wraps the compiled block (HF's non-reentrant
+  checkpoint recomputes the compiled forward); selective recomputation lies inside it (training/recompute.py).
 - compile_model (false unless set): the whole model compiled around the strategy's wrapper after the engine is built
   (`torch.compile(DDP(model))`, FSDP2's root module, DeepSpeed's `engine.compile`): a few compiled regions per step
   instead of one per block; with `compile_mode: reduce-overhead` they replay as CUDA graphs. Replaces
