@@ -99,14 +99,15 @@ class StepTimer(TrainerCallback):
 def training_arguments(spec: dict, ctx, total_steps: int, extra: dict) -> TrainingArguments:
     """The Trainer's settings from the same spec our trainer reads (see the module docstring)."""
     t, cuda = spec["train"], ctx.device.type == "cuda"
+    recomputes = recompute.mode(t)
     return TrainingArguments(
         output_dir=str(Path(spec["work_dir"]) / "trainer"), per_device_train_batch_size=ctx.micro_batch,
         gradient_accumulation_steps=ctx.accum, max_steps=total_steps, learning_rate=t["lr"],
         weight_decay=t["weight_decay"], adam_beta1=t["betas"][0], adam_beta2=t["betas"][1], adam_epsilon=t["eps"],
         max_grad_norm=t["grad_clip"], lr_scheduler_type="cosine", warmup_steps=t["lr_warmup_steps"],
         optim="adamw_torch_fused" if cuda else "adamw_torch", bf16=ctx.precision.uses_bf16,
-        gradient_checkpointing=recompute.mode(t) is not None,
-        gradient_checkpointing_kwargs=recompute.checkpoint_kwargs(recompute.mode(t)), logging_steps=t["log_every"],
+        gradient_checkpointing=recomputes is not None,
+        gradient_checkpointing_kwargs=recompute.checkpoint_kwargs(recomputes), logging_steps=t["log_every"],
         save_strategy="no", report_to=[], disable_tqdm=True, seed=t["seed"], data_seed=t["seed"],
         dataloader_pin_memory=cuda, use_cpu=not cuda, ddp_backend=None if cuda else "gloo",
         **extra)

@@ -34,7 +34,8 @@ def mode(train: dict) -> str | None:
 
 
 def checkpoint_kwargs(how: str | None) -> dict | None:
-    """transformers' gradient_checkpointing_kwargs for a mode (ours and the Trainer's: bench/trainer.py)."""
+    """transformers' gradient_checkpointing_kwargs for a mode: ours under "full", the Trainer's under both
+    (bench/trainer.py; its whole-model compile traces transformers' checkpoint, so the policy reaches it there)."""
     if how is None:
         return None
     return {"use_reentrant": False, **({"context_fn": selective_contexts} if how == "selective" else {})}
