@@ -194,6 +194,8 @@ def test_benchmarks_md_rewrites_only_the_marked_tables_from_the_sets_csvs(tmp_pa
     assert rows[1].startswith(f"| `{name}` | – | `ddp` | 125,513 ± 875 (30.9 %) | compile | 56,354 ± 32,783 (13.9 %) "
                               "| 2.23× | yes | 1.00 |")
     assert "| ceiling | 125,262 ± 425 (30.8 %) |" in text
+    assert benchmarks_md.levers_label({"compile_model": True}, {"compile": {"deepcompile": True}}) == (
+        "whole model, DeepCompile")  # the strategy options of ours' run spec name DeepSpeed's backend
     assert benchmarks_md.main(argv + ["--check"]) == 0 and benchmarks_md.main(argv) == 0 and md.read_text() == text
     assert benchmarks_md.inputs(md, tmp_path / "results")[:2] == [
         str(tmp_path / "results" / name / "bench" / f) for f in ("levers.csv", "levers_rounds.csv")]

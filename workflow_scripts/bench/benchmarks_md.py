@@ -137,18 +137,22 @@ def read_csv(results: Path, name: str, table: str, where: str) -> tuple[pd.DataF
     return pd.read_csv(csv), (pd.read_csv(rounds) if rounds.is_file() else None)
 
 
-def run_train(bench: Path, strategy: str) -> dict:
-    """The `train` section of the first round's run spec of ours (or of the ceiling); {} where none is kept."""
+def run_spec(bench: Path, strategy: str) -> dict:
+    """The first round's run spec of ours (or of the ceiling); {} where none is kept."""
     pattern = f"{CEILING}/r*/{C.RUN_SPEC}" if strategy == CEILING else f"ours/{strategy}/r*/{C.RUN_SPEC}"
     specs = sorted(bench.glob(pattern))
-    return json.loads(specs[0].read_text()).get("train", {}) if specs else {}
+    return json.loads(specs[0].read_text()) if specs else {}
 
 
-def levers_label(train: dict) -> str:
-    """Ours' compile levers in words, as the hand tables wrote them."""
+def levers_label(train: dict, options: dict | None = None) -> str:
+    """Ours' compile levers in words, as the hand tables wrote them; DeepSpeed's DeepCompile backend where the
+    run's strategy options take it."""
+    from workflow_scripts.training.strategies._deepspeed import asks_deepcompile
+
     if train.get("compile_model") is True:
         graphs = train.get("compile_mode") == "reduce-overhead"
-        return "whole model, CUDA graphs" if graphs else "whole model"
+        label = "whole model, CUDA graphs" if graphs else "whole model"
+        return f"{label}, DeepCompile" if asks_deepcompile(options or {}) else label
     return "compiled blocks" if train.get("compile_blocks") is True else "eager"
 
 
@@ -201,13 +205,14 @@ def compare_frame(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def compare_row(row: dict, train: dict) -> list[str]:
-    """One strategy: ours, the Trainer's fastest setting, their ratio, the ceiling ratio."""
+def compare_row(row: dict, train: dict, options: dict) -> list[str]:
+    """One strategy: ours (`train` and strategy `options` of its run spec), the Trainer's fastest setting, their
+    ratio, the ceiling ratio."""
     best = row.get("trainer best")
     setting = str(best).split(":", 1)[-1] if isinstance(best, str) else DASH
     trainer = tokens(row.get(f"{best} tokens/s"), row.get(f"{best} ±95%")) if isinstance(best, str) else DASH
     return [number(train.get("micro_batch_size"), ".0f") if train else DASH,
-            f"`{row['strategy']}` ({levers_label(train)})" if train else f"`{row['strategy']}`",
+            f"`{row['strategy']}` ({levers_label(train, options)})" if train else f"`{row['strategy']}`",
             f"{tokens(row['ours tokens/s'], row.get('ours ±95%'))} ({percent(row['ours MFU'])})",
             setting, f"{trainer} ({percent(row.get('trainer best MFU'))})",
             number(row["ratio to best"], ".2f", "×"), yes_no_apart(row.get("CIs overlap")),
@@ -223,8 +228,10 @@ def ceiling_row(row: dict, train: dict) -> list[str]:
 def compare_rows(name: str, df: pd.DataFrame, bench: Path) -> list[list[str]]:
     rows = []
     for row in compare_frame(df).to_dict("records"):
-        train = run_train(bench, row["strategy"])
-        cells = ceiling_row(row, train) if row["strategy"] == CEILING else compare_row(row, train)
+        spec = run_spec(bench, row["strategy"])
+        train = spec.get("train", {})
+        cells = (ceiling_row(row, train) if row["strategy"] == CEILING
+                 else compare_row(row, train, spec.get("options") or {}))
         rows.append([f"`{name}`" if not rows else ""] + cells)
     return rows
 
