@@ -208,3 +208,37 @@ def test_deepcompile_rows_are_not_modelled_and_say_why():
     dc = st.run_at(sets / "zero2, DeepCompile/r0")
     assert dc.deepcompile and "DeepCompile" in st.not_modelled(dc)
     assert st.not_modelled(st.run_at(sets / "ddp, CUDA graphs/r0")) is None
+
+
+def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machines(tmp_path):
+    """bench.step_time: a row whose set measured no calibration gets the launch cost every committed calibration of
+    its GPU kind measured, their median (H100 machines measured 6-10 us), not the one machine of the kind's file;
+    another kind's calibration does not count, a set's own launch cost is kept."""
+    import json
+
+    from workflow_scripts.bench import step_time as bench_st
+
+    def calibration(where: str, gpu: str, launch: float | None) -> None:
+        path = tmp_path / (f"{where}/calibration.json" if where.startswith("calibration/") else
+                           f"{where}/calibration/calibration.json")
+        path.parent.mkdir(parents=True)
+        rows = [{"name": "launch_us[0]", "value": launch}, {"name": "hbm_gbs", "value": 3000.0}]
+        path.write_text(json.dumps({"machine": {"gpu": {"gpus": [{"name": gpu}]}}, "rows": rows}))
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    for where, gpu, launch in [("calibration/h100", h100, 10.0), ("study/a", h100, 6.0), ("study/b", h100, 7.0),
+                               ("study/c", h100, None), ("study/h200", "NVIDIA H200", 1.0)]:
+        calibration(where, gpu, launch)
+    assert bench_st.kind_launch_costs(tmp_path, h100) == {"launch_us[0]": 7.0}  # of 6, 7 and 10
+    seen = {}
+
+    def rates_of(calibration: dict) -> dict:
+        seen.update({r["name"]: r["value"] for r in calibration["rows"]})
+        return seen
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_st.st.Rates, "of", staticmethod(rates_of))
+        bench_st.rates_for({"device_name": h100, "set": "study/none"}, tmp_path, {})
+        assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0
+        bench_st.rates_for({"device_name": h100, "set": "study/a"}, tmp_path, {})
+        assert seen["launch_us[0]"] == 6.0
