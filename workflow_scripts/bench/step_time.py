@@ -86,7 +86,9 @@ def rates_for(row, results: Path, cache: dict) -> st.Rates:
     key = (row["device_name"], str(own_path))
     if key not in cache:
         kind = json.loads((results / "calibration" / KINDS[row["device_name"]] / "calibration.json").read_text())
-        launch = cache.setdefault(("launch", row["device_name"]), kind_launch_costs(results, row["device_name"]))
+        if ("launch", row["device_name"]) not in cache:
+            cache["launch", row["device_name"]] = kind_launch_costs(results, row["device_name"])
+        launch = cache["launch", row["device_name"]]
         kind = {**kind, "rows": [{**r, "value": launch.get(r["name"], r["value"])} for r in kind["rows"]]}
         own = json.loads(own_path.read_text()) if own_path.exists() else None
         same = [json.loads(p.read_text()) for p in sorted((results / "calibration").glob("*/calibration.json"))]
