@@ -31,6 +31,22 @@ def test_from_pretrained_loads_local_weights(tmp_path):
         assert torch.equal(a, b), n
 
 
+def test_cudnn_attention_is_registered_and_falls_back_to_sdpa_on_cpu():
+    """train.attn_implementation: sdpa_cudnn builds through transformers' AttentionInterface; on a CPU rank (no cuDNN
+    attention) it is plain sdpa: the same loss and gradients as sdpa from the same seed."""
+    from transformers import AttentionInterface
+
+    x = torch.randint(0, 320, (2, 64))
+    grads = []
+    for name in ("sdpa", "sdpa_cudnn"):
+        torch.manual_seed(0)
+        model = models.build_model("gpt2-tiny", 320, 64, attn_implementation=name)
+        model(x, labels=x).loss.backward()
+        grads.append(model.transformer.h[0].attn.c_attn.weight.grad)
+    assert "sdpa_cudnn" in AttentionInterface._global_mapping and model.config._attn_implementation == "sdpa_cudnn"
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
 def test_vocab_padding_and_flops():
     assert models.padded_vocab(50257, 64) == 50304 and models.padded_vocab(4096, 64) == 4096
     assert models.flops_per_token(100, 2, 8, 16) == 600 + 12 * 2 * 8 * 16

@@ -182,6 +182,10 @@ def build_model(name: str, vocab_size: int, block_size: int, *, pretrained: str 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from workflow_scripts.training import attention
+
+    attention.register(attn_implementation)
+
     if MODELS[name].family == "vit":
         return build_vit(name, vocab_size, block_size, pretrained, attn_implementation, overrides)
     if pretrained:
