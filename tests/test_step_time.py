@@ -210,6 +210,17 @@ def test_deepcompile_rows_are_not_modelled_and_say_why():
     assert st.not_modelled(st.run_at(sets / "ddp, CUDA graphs/r0")) is None
 
 
+def test_a_median_over_fewer_than_five_timed_steps_is_neither_fitted_nor_tested():
+    """bench.step_time: the memory-peak sets (4 timed steps, the allocator's history recorded) ran slower than the
+    same rows elsewhere and had pulled the eager constants up: such rows are left out by name; a row that does not
+    record its timed steps (older tables) is kept."""
+    from workflow_scripts.bench import step_time as bench_st
+
+    assert "fewer than 5 timed steps" in bench_st.too_few_steps({"timed_steps": 4})
+    assert bench_st.too_few_steps({"timed_steps": 5}) is None
+    assert bench_st.too_few_steps({"timed_steps": float("nan")}) is None and bench_st.too_few_steps({}) is None
+
+
 def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machines(tmp_path):
     """bench.step_time: a row whose set measured no calibration gets the launch cost every committed calibration of
     its GPU kind measured, their median (H100 machines measured 6-10 us), not the one machine of the kind's file;
