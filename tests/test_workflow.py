@@ -202,8 +202,8 @@ def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
     assert ALL["zero3"].engine_precision("bf16-mixed", {}) == "bf16-mixed"
 
 
-def test_zero12_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_rank():
-    """ZeRO-1/2's gradient norm through torch._foreach_norm (strategy option foreach_grad_norm, on by default) is
+def test_zero_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_rank():
+    """ZeRO-1/2/3's gradient norm through torch._foreach_norm (strategy option foreach_grad_norm, on by default) is
     bit for bit DeepSpeed's per-tensor one, on two ranks each holding its partition (bf16-pure: DeepSpeed's bf16
     optimizer; the default study's runs check the fp32 engine's through their losses), and the run records which
     one it used; the option is ours: it never reaches DeepSpeed."""
@@ -213,7 +213,7 @@ def test_zero12_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_ra
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert {(r["rank"], r["strategy"]) for r in rows} == {(0, "zero1"), (1, "zero1"), (0, "zero2"), (1, "zero2")}
+    assert {(r["rank"], r["strategy"]) for r in rows} == {(k, z) for k in (0, 1) for z in ("zero1", "zero2", "zero3")}
     for r in rows:
         assert r["foreach"] == r["deepspeed"] > 0, r
         assert r["grad_norm"].startswith("torch._foreach_norm"), r

@@ -94,8 +94,8 @@ TOP_LEVEL_KEYS = ("communication_data_type", "aio", "prescale_gradients", "gradi
 # check_grad_overflow: false drops the per-tensor inf/NaN checks of its ZeRO-1/2 step (a host-bound part of it:
 # results/bench_harness/h100-zero2-profile) and with them the skip of a step whose gradients are not finite.
 BF16_KEYS = ("check_grad_overflow",)
-# ZeRO-1/2's options of ours, not DeepSpeed's (with their defaults): foreach_grad_norm, the gradient norm before the
-# clip in multi-tensor launches instead of three per parameter tensor (_deepspeed_grad_norm.py; false: DeepSpeed's)
+# ZeRO-1/2/3's options of ours, not DeepSpeed's (with their defaults): foreach_grad_norm, the gradient norm before the
+# clip in multi-tensor launches instead of 2-3 per parameter tensor (_deepspeed_grad_norm.py; false: DeepSpeed's)
 OWN_KEYS = {"foreach_grad_norm": True}
 
 
@@ -216,7 +216,7 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
 
     quantized = {"zero_quantized_weights": True} if quantized_weights else {}
     own_unsupported = strategy_kwargs.pop("unsupported", lambda ctx: None)
-    own = tuple(OWN_KEYS) if stage in (1, 2) else ()
+    own = tuple(OWN_KEYS) if stage in (1, 2, 3) else ()
     consumes = tuple(consumes) + own
 
     def zero_section(ctx: RunContext) -> dict:

@@ -61,7 +61,7 @@ class DeepSpeedEngine(Engine):
             model=model, optimizer=optimizer, config=cfg,
             model_parameters=model.parameters() if optimizer is None else None)
         self.settings = ds_settings(ctx, cfg)
-        if zero.get("stage") in (1, 2):
+        if zero.get("stage") in (1, 2, 3):
             foreach = ctx.options.get("foreach_grad_norm", OWN_KEYS["foreach_grad_norm"])
             self.settings["grad_norm"] = foreach_grad_norm(self.module.optimizer) if foreach else PER_TENSOR
         self._last = True

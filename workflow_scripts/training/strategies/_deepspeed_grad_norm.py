@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-1/2's gradient norm in a few multi-tensor launches instead of three per parameter tensor.
+"""DeepSpeed ZeRO's gradient norm in a few multi-tensor launches instead of two or three per parameter tensor.
 
 Before its clip, DeepSpeed's ZeRO-1/2 optimizer (`DeepSpeedZeroOptimizer.get_grad_norm_direct`) takes every
 gradient of its partition to float64 and its 2-norm one tensor at a time, and moves each norm to the device: about
@@ -7,8 +7,12 @@ three launches per parameter tensor from Python, 293 tensors for GPT-2-medium, o
 over the same gradients, cast to the same float64, then DeepSpeed's own reductions (data-parallel all-reduce of the
 squared sum, the model-parallel one, the square root, the inf/NaN mask). Where the optimizer's case is one it does
 not cover (another norm type, model-parallel ranks other than 0, pipeline-replicated parameters), it calls
-DeepSpeed's. Strategy option `foreach_grad_norm` of ZeRO-1/2 (_deepspeed.OWN_KEYS; default true; false keeps
-DeepSpeed's own, e.g. to measure it).
+DeepSpeed's. ZeRO-3's optimizer (`DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct`) does the same per tensor
+over its gradient partitions (a cast and a norm each, 2 launches per tensor of the 748 its step issued for
+GPT-2-medium on one H100: results/bench_harness/h100-zero3-profile-mb4); its swap keeps its own reductions (the
+partition group's all-reduce, the model-parallel one where a rank does not count every gradient, the -1 of an inf
+or NaN norm) and calls DeepSpeed's for AutoEP expert groups. Strategy option `foreach_grad_norm` of ZeRO-1/2/3
+(_deepspeed.OWN_KEYS; default true; false keeps DeepSpeed's own, e.g. to measure it).
 """
 from __future__ import annotations
 
@@ -23,11 +27,15 @@ FOREACH = "torch._foreach_norm over the partition's gradients (float64), DeepSpe
 def foreach_grad_norm(optimizer) -> str:
     """Swap the optimizer's per-tensor gradient norm for the multi-tensor one; returns what the run computes its
     gradient norm with (recorded in its strategy settings)."""
-    if getattr(optimizer, "cpu_offload", False):  # its norm is taken on the host, per tensor, elsewhere
+    if getattr(optimizer, "cpu_offload", False) or getattr(optimizer, "offload_optimizer", False):
+        # its norm is taken on the host, per tensor, elsewhere (ZeRO-1/2's cpu_offload, ZeRO-3's offload_optimizer)
         return "DeepSpeed's own (optimizer offload)"
-    if not hasattr(optimizer, "get_grad_norm_direct"):  # another optimizer than ZeRO-1/2's
+    if not hasattr(optimizer, "get_grad_norm_direct"):  # another optimizer than ZeRO's
         return f"the engine's own ({type(optimizer).__name__})"
     original = optimizer.get_grad_norm_direct
+    if hasattr(optimizer, "_grad_norm_counts_every_rank"):  # ZeRO-3's
+        optimizer.get_grad_norm_direct = types.MethodType(stage3_direct(original), optimizer)
+        return FOREACH
 
     def direct(self, gradients, params, norm_type=2):
         if float(norm_type) != 2.0 or getattr(self, "model_parallel_rank", 0) != 0:
@@ -58,3 +66,34 @@ def squared_sum_norm(optimizer, grads: list) -> torch.Tensor:
     total = total.pow(0.5)
     mask_nan_or_inf_with_val_inplace(total, device=optimizer.device)
     return total
+
+
+def stage3_direct(original):
+    """ZeRO-3's get_grad_norm_direct with the per-tensor norms in one `_foreach_norm` (DeepSpeed 0.19's arithmetic:
+    float64 norms, their squares summed, all-reduced over the parameters' partition group, the model-parallel
+    all-reduce unless every rank counts its own, the square root, -1 where inf or NaN)."""
+    from deepspeed.runtime.utils import is_model_parallel_parameter
+    from deepspeed.runtime.zero.utils import get_norm_dtype
+
+    def direct(self, gradients, params, norm_type=2):
+        if float(norm_type) != 2.0 or not params or self._autoep_expert_parallel_group(params) is not None:
+            return original(gradients, params, norm_type)
+        import deepspeed.comm as dist
+
+        self._assert_same_partition_group(params)
+        group = self._get_param_partition_group(params[0])
+        every = self._grad_norm_counts_every_rank(params, group)
+        grads = [g.detach() for g, p in zip(gradients, params)
+                 if every or is_model_parallel_parameter(p) or self.model_parallel_rank == 0]
+        if grads:
+            norms = torch._foreach_norm(grads, 2.0, dtype=get_norm_dtype())
+            total = torch.stack([n.to(self.device) for n in norms]).pow(2).sum()
+        else:
+            total = torch.zeros((), dtype=get_norm_dtype(), device=self.device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        if not every:
+            self._model_parallel_all_reduce(tensor=total, op=dist.ReduceOp.SUM)
+        total = total.sqrt()
+        return torch.where(total.isnan() | total.isinf(), torch.tensor(-1.0, device=self.device), total)
+
+    return direct
