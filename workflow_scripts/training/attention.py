@@ -12,12 +12,12 @@ process, before the model is built (models.build_model).
 """
 from __future__ import annotations
 
-CUDNN_FIRST = "sdpa_cudnn"
+CUDNN = "sdpa_cudnn"
 
 
 def register(name: str) -> None:
     """Make `name` a transformers attention implementation if it is one of ours (a no-op for transformers' own)."""
-    if name != CUDNN_FIRST:
+    if name != CUDNN:
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import AttentionInterface
@@ -30,5 +30,5 @@ def register(name: str) -> None:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return sdpa_attention_forward(module, query, *args, **kwargs)
 
-    AttentionInterface.register(CUDNN_FIRST, forward)
-    AttentionMaskInterface.register(CUDNN_FIRST, sdpa_mask)
+    AttentionInterface.register(CUDNN, forward)
+    AttentionMaskInterface.register(CUDNN, sdpa_mask)
