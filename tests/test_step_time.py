@@ -224,7 +224,8 @@ def test_a_median_over_fewer_than_five_timed_steps_is_neither_fitted_nor_tested(
 def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machines(tmp_path):
     """bench.step_time: a row whose set measured no calibration gets the launch cost every committed calibration of
     its GPU kind measured, their median (H100 machines measured 6-10 us), not the one machine of the kind's file;
-    another kind's calibration does not count, a set's own launch cost is kept."""
+    another kind's calibration does not count, a set's own launch cost is kept. A plan on a kind's committed file
+    (load_rates) takes the same median; on any other calibration, that machine's own."""
     import json
 
     from workflow_scripts.bench import step_time as bench_st
@@ -240,7 +241,7 @@ def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machine
     for where, gpu, launch in [("calibration/h100", h100, 10.0), ("study/a", h100, 6.0), ("study/b", h100, 7.0),
                                ("study/c", h100, None), ("study/h200", "NVIDIA H200", 1.0)]:
         calibration(where, gpu, launch)
-    assert bench_st.kind_launch_costs(tmp_path, h100) == {"launch_us[0]": 7.0}  # of 6, 7 and 10
+    assert st.kind_launch_costs(tmp_path, h100) == {"launch_us[0]": 7.0}  # of 6, 7 and 10
     seen = {}
 
     def rates_of(calibration: dict) -> dict:
@@ -253,3 +254,7 @@ def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machine
         assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0
         bench_st.rates_for({"device_name": h100, "set": "study/a"}, tmp_path, {})
         assert seen["launch_us[0]"] == 6.0
+        mp.setattr(st.Rates, "load", staticmethod(lambda path: "the file's own"))
+        st.load_rates(tmp_path / "calibration/h100/calibration.json")
+        assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0
+        assert st.load_rates(tmp_path / "study/b/calibration/calibration.json") == "the file's own"

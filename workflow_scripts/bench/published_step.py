@@ -47,7 +47,7 @@ def flops_per_token() -> float:
 
 
 def table() -> str:
-    rates = st.Rates.load(CALIBRATION)
+    rates = st.load_rates(CALIBRATION)
     lines = ["| GPUs | torchtitan | published tokens/s per GPU | predicted | error | predicted MFU | bound | "
              "parts (s): gemm / attention / memory / optimizer / host / comm |", "|---|---|---|---|---|---|---|---|"]
     errors = []
@@ -60,7 +60,8 @@ def table() -> str:
                      f"{tokens:,.0f} | {errors[-1]:+.1%} | {mfu(flops_per_token(), tokens, 1, rates.device):.1%} "
                      f"| {p.bound} | {parts} |")
     mean = sum(abs(e) for e in errors) / len(errors)
-    return "\n".join([f"Rates: {rates.device}, `{CALIBRATION.relative_to(REPO)}`; network: {FABRIC.describe()}.", "",
+    return "\n".join([f"Rates: {rates.device}, `{CALIBRATION.relative_to(REPO)}` with the kind's median launch cost "
+                      f"({rates.launch_us:.1f} µs, load_rates); network: {FABRIC.describe()}.", "",
                       *lines, "", f"Mean absolute error: {mean:.1%} over {len(errors)} published rows."])
 
 

@@ -7,8 +7,8 @@ only, its error on the others (held out), every row listed.
 Each row's rates come from the closest measurement: the GEMM and attention curves and the device copy bandwidth of
 its GPU kind (results/calibration/<kind>/, measured once per kind), the launch cost and bus bandwidths of the set's
 own calibration where it has one (its machine); else the bus bandwidths of the kind's and the launch cost every
-committed calibration of the kind measured, their median (kind_launch_costs: machines of one kind launch at 6-10 µs,
-the kind's own file holds one machine). Compared: the predicted step time against the row's median step time
+committed calibration of the kind measured, their median (plan.step_time.kind_launch_costs: machines of one kind
+launch at 6-10 µs, the kind's own file holds one machine). Compared: the predicted step time against the row's median step time
 (`step_time_median_s`). Prints a markdown table; --out writes it and the rows as CSV.
 """
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -60,40 +59,19 @@ def merged_calibration(kind: dict, own: dict | None) -> dict:
     return {**kind, "rows": rows}
 
 
-def machine_gpu(calibration: dict) -> str | None:
-    """The GPU name a calibration was measured on."""
-    gpus = ((calibration.get("machine") or {}).get("gpu") or {}).get("gpus") or [{}]
-    return gpus[0].get("name")
-
-
-def kind_launch_costs(results: Path, device_name: str) -> dict:
-    """Per launch-cost row (`launch_us[...]`), the median over every committed calibration measured on this GPU kind
-    (the study sets' and the kind's own): the launch cost of a machine that no set of its own measured."""
-    values: dict = {}
-    kinds = sorted((results / "calibration").glob("*/calibration.json"))  # results/calibration/<kind>/
-    for path in kinds + sorted(results.glob(f"**/{C.CALIBRATION}")):
-        calibration = json.loads(path.read_text())
-        if machine_gpu(calibration) != device_name:
-            continue
-        for r in calibration["rows"]:
-            if r["name"].startswith("launch_us[") and r["value"] is not None:
-                values.setdefault(r["name"], []).append(float(r["value"]))
-    return {name: statistics.median(v) for name, v in values.items()}
-
-
 def rates_for(row, results: Path, cache: dict) -> st.Rates:
     own_path = results / row["set"] / C.CALIBRATION
     key = (row["device_name"], str(own_path))
     if key not in cache:
         kind = json.loads((results / "calibration" / KINDS[row["device_name"]] / "calibration.json").read_text())
         if ("launch", row["device_name"]) not in cache:
-            cache["launch", row["device_name"]] = kind_launch_costs(results, row["device_name"])
+            cache["launch", row["device_name"]] = st.kind_launch_costs(results, row["device_name"])
         launch = cache["launch", row["device_name"]]
         kind = {**kind, "rows": [{**r, "value": launch.get(r["name"], r["value"])} for r in kind["rows"]]}
         own = json.loads(own_path.read_text()) if own_path.exists() else None
         same = [json.loads(p.read_text()) for p in sorted((results / "calibration").glob("*/calibration.json"))]
         for other in same:  # collectives measured on another machine of the kind (no set of its own has them)
-            if machine_gpu(other) == row["device_name"]:
+            if st.machine_gpu(other) == row["device_name"]:
                 kind = merged_calibration(kind, {"rows": [r for r in other["rows"] if "_busbw[" in r["name"]]})
         cache[key] = st.Rates.of(merged_calibration(kind, own))
     return cache[key]

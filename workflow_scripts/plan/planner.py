@@ -70,13 +70,14 @@ def split(strategy: str, config: dict, micro_batch: int) -> tuple[int, int]:
 
 
 def step_rates(plan: dict):
-    """The step-time model's rates from plan.calibration (a calibration.json of the GPU kind), or None."""
+    """The step-time model's rates from plan.calibration (a calibration.json of the GPU kind: a committed kind's file
+    takes its kind's median launch cost, step_time.load_rates), or None."""
     if not plan.get("calibration"):
         return None
-    from workflow_scripts.plan.step_time import Rates
+    from workflow_scripts.plan.step_time import load_rates
 
     try:
-        return Rates.load(plan["calibration"])
+        return load_rates(plan["calibration"])
     except ValueError as exc:
         raise PlanError(f"plan.calibration: {exc}") from None
 

@@ -107,6 +107,46 @@ class Rates:
                                None))
 
 
+def machine_gpu(calibration: dict) -> str | None:
+    """The GPU name a calibration was measured on."""
+    gpus = ((calibration.get("machine") or {}).get("gpu") or {}).get("gpus") or [{}]
+    return gpus[0].get("name")
+
+
+def kind_launch_costs(results: Path, device_name: str) -> dict:
+    """Per launch-cost row (`launch_us[...]`), the median over every committed calibration measured on this GPU kind
+    (the study sets' and the kind's own, results/calibration/<kind>/): the launch cost of a machine of the kind that
+    no calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one machine)."""
+    import statistics
+
+    from workflow_scripts import columns as C
+
+    values: dict = {}
+    kinds = sorted((results / "calibration").glob("*/calibration.json"))
+    for path in kinds + sorted(results.glob(f"**/{C.CALIBRATION}")):
+        calibration = json.loads(path.read_text())
+        if machine_gpu(calibration) != device_name:
+            continue
+        for r in calibration["rows"]:
+            if r["name"].startswith("launch_us[") and r["value"] is not None:
+                values.setdefault(r["name"], []).append(float(r["value"]))
+    return {name: statistics.median(v) for name, v in values.items()}
+
+
+def load_rates(path) -> Rates:
+    """A calibration's rates (Rates.load). A GPU kind's committed file (results/calibration/<kind>/calibration.json,
+    what plan.calibration names to plan for a kind, and the published and simulated predictions use) stands for any
+    machine of the kind: its launch cost is the kind's median (kind_launch_costs), the rest its own."""
+    path = Path(path)
+    rates = Rates.load(path)
+    if path.parent.parent.name != "calibration" or path.name != "calibration.json":
+        return rates
+    calibration = json.loads(path.read_text())
+    launch = kind_launch_costs(path.parent.parent.parent, machine_gpu(calibration))
+    return Rates.of({**calibration, "rows": [{**r, "value": launch.get(r["name"], r["value"])}
+                                             for r in calibration["rows"]]})
+
+
 @lru_cache(maxsize=65536)
 def interpolate(points: tuple, at: tuple) -> float:
     """The value at `at` of a grid of points (coordinates..., value), linear in the logs of coordinates and value
