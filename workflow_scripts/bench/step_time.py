@@ -8,8 +8,8 @@ Each row's rates come from the closest measurement: the GEMM and attention curve
 its GPU kind (results/calibration/<kind>/, measured once per kind), the launch cost and bus bandwidths of the set's
 own calibration where it has one (its machine); else the bus bandwidths of the kind's and the launch cost every
 committed calibration of the kind measured, their median (plan.step_time.kind_launch_costs: machines of one kind
-launch at 6-10 µs, the kind's own file holds one machine). Compared: the predicted step time against the row's median step time
-(`step_time_median_s`). Prints a markdown table; --out writes it and the rows as CSV.
+launch at 6-10 µs, the kind's own file holds one machine). Compared: the predicted step time against the row's
+median step time (`step_time_median_s`). Prints a markdown table; --out writes it and the rows as CSV.
 """
 from __future__ import annotations
 
@@ -64,10 +64,7 @@ def rates_for(row, results: Path, cache: dict) -> st.Rates:
     key = (row["device_name"], str(own_path))
     if key not in cache:
         kind = json.loads((results / "calibration" / KINDS[row["device_name"]] / "calibration.json").read_text())
-        if ("launch", row["device_name"]) not in cache:
-            cache["launch", row["device_name"]] = st.kind_launch_costs(results, row["device_name"])
-        launch = cache["launch", row["device_name"]]
-        kind = {**kind, "rows": [{**r, "value": launch.get(r["name"], r["value"])} for r in kind["rows"]]}
+        kind = st.with_kind_launch_cost(kind, results)
         own = json.loads(own_path.read_text()) if own_path.exists() else None
         same = [json.loads(p.read_text()) for p in sorted((results / "calibration").glob("*/calibration.json"))]
         for other in same:  # collectives measured on another machine of the kind (no set of its own has them)

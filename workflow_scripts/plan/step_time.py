@@ -113,6 +113,7 @@ def machine_gpu(calibration: dict) -> str | None:
     return gpus[0].get("name")
 
 
+@lru_cache(maxsize=None)
 def kind_launch_costs(results: Path, device_name: str) -> dict:
     """Per launch-cost row (`launch_us[...]`), the median over every committed calibration measured on this GPU kind
     (the study sets' and the kind's own, results/calibration/<kind>/): the launch cost of a machine of the kind that
@@ -133,6 +134,12 @@ def kind_launch_costs(results: Path, device_name: str) -> dict:
     return {name: statistics.median(v) for name, v in values.items()}
 
 
+def with_kind_launch_cost(calibration: dict, results: Path) -> dict:
+    """A kind's calibration with the launch cost of the kind's machines (kind_launch_costs) for its own."""
+    launch = kind_launch_costs(Path(results), machine_gpu(calibration))
+    return {**calibration, "rows": [{**r, "value": launch.get(r["name"], r["value"])} for r in calibration["rows"]]}
+
+
 def load_rates(path) -> Rates:
     """A calibration's rates (Rates.load). A GPU kind's committed file (results/calibration/<kind>/calibration.json,
     what plan.calibration names to plan for a kind, and the published and simulated predictions use) stands for any
@@ -141,10 +148,7 @@ def load_rates(path) -> Rates:
     rates = Rates.load(path)
     if path.parent.parent.name != "calibration" or path.name != "calibration.json":
         return rates
-    calibration = json.loads(path.read_text())
-    launch = kind_launch_costs(path.parent.parent.parent, machine_gpu(calibration))
-    return Rates.of({**calibration, "rows": [{**r, "value": launch.get(r["name"], r["value"])}
-                                             for r in calibration["rows"]]})
+    return Rates.of(with_kind_launch_cost(json.loads(path.read_text()), path.parent.parent.parent))
 
 
 @lru_cache(maxsize=65536)

@@ -56,16 +56,20 @@ def squared_sum_norm(optimizer, grads: list) -> torch.Tensor:
     from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace
     from deepspeed.runtime.zero.utils import get_norm_dtype
 
-    if grads:
-        norms = torch._foreach_norm(grads, 2.0, dtype=get_norm_dtype())
-        total = torch.stack([n.to(optimizer.device) for n in norms]).pow(2).sum().float()
-    else:
-        total = torch.zeros((), dtype=torch.float32, device=optimizer.device)
+    total = summed_squares(grads, get_norm_dtype(), optimizer.device).float()
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=optimizer.dp_process_group)
     optimizer._model_parallel_all_reduce(tensor=total, op=dist.ReduceOp.SUM)
     total = total.pow(0.5)
     mask_nan_or_inf_with_val_inplace(total, device=optimizer.device)
     return total
+
+
+def summed_squares(grads: list, dtype: torch.dtype, device) -> torch.Tensor:
+    """The sum of the squared 2-norms of `grads`, each taken in `dtype` by one `_foreach_norm`, on `device`."""
+    if not grads:
+        return torch.zeros((), dtype=dtype, device=device)
+    norms = torch._foreach_norm(grads, 2.0, dtype=dtype)
+    return torch.stack([n.to(device) for n in norms]).pow(2).sum()
 
 
 def stage3_direct(original):
@@ -85,11 +89,7 @@ def stage3_direct(original):
         every = self._grad_norm_counts_every_rank(params, group)
         grads = [g.detach() for g, p in zip(gradients, params)
                  if every or is_model_parallel_parameter(p) or self.model_parallel_rank == 0]
-        if grads:
-            norms = torch._foreach_norm(grads, 2.0, dtype=get_norm_dtype())
-            total = torch.stack([n.to(self.device) for n in norms]).pow(2).sum()
-        else:
-            total = torch.zeros((), dtype=get_norm_dtype(), device=self.device)
+        total = summed_squares(grads, get_norm_dtype(), self.device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
         if not every:
             self._model_parallel_all_reduce(tensor=total, op=dist.ReduceOp.SUM)
