@@ -40,6 +40,23 @@ def test_the_phases_of_a_gpu_step_add_up_to_the_step(analysis):
     for p in ("forward", "backward", "optimizer"):
         assert (phases[f"{p}_launches"] > 0).all() and (phases[f"{p}_host_ms"] > 0).all(), p
     assert (phases.backward_launches > phases.forward_launches).all()
+    # kernel time by class: the device was busy within the step, GEMMs and DDP's NCCL kernels among it
+    kernels = phases[[f"{c}_kernel_ms" for c in traces.KERNEL_CLASS_NAMES]]
+    assert (phases.device_busy_ms <= phases.step_ms + 1e-6).all() and (phases.gemm_kernel_ms > 0).all()
+    assert (kernels.sum(axis=1) >= phases.device_busy_ms - 1e-6).all()  # classes overlap on streams, never fall short
+    assert ((phases.communication_kernel_ms - phases.comm_ms).abs() < 1e-6 + 0.05 * phases.comm_ms).all()
+
+
+@pytest.mark.parametrize("name, cat, expected", [
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", "kernel", "attention"),
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT", "kernel", "gemm"),
+    ("Cijk_Alik_Bljk_BBS_BH_MT128x128x64", "kernel", "gemm"),  # hipBLASLt on ROCm
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "kernel", "communication"),
+    ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "kernel", "multi_tensor"),
+    ("triton_per_fused__to_copy_add_native_layer_norm_view_5", "kernel", "memory_bound"),
+    ("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", "copies")])
+def test_a_kernel_is_classed_by_what_it_computes(name, cat, expected):
+    assert traces.kernel_class({"name": name, "cat": cat}) == expected
 
 
 def test_hta_reads_the_gpu_trace(analysis):

@@ -7,13 +7,16 @@ Two analyses of every traced rank (measure/profile.py writes one trace per rank)
   * phases, every trace (CPU or GPU): per recorded step (ProfilerStep#N), the engine's ranges forward / backward /
     optimizer — on GPU the device work launched inside each range (kernels joined to their launches), on CPU the
     host ranges — the rest of the step, the time in collectives (NCCL kernels; on CPU the gloo: ranges) and how much
-    of it ran while forward or backward compute did (overlap).
+    of it ran while forward or backward compute did (overlap); on GPU also the step's device-busy time and its
+    kernel time by class (GEMM, attention, multi-tensor optimizer / norm kernels, communication, copies, the
+    memory-bound rest; KERNEL_CLASSES), which says whether a device-bound step is short of its GEMMs' rate or spends
+    its time elsewhere.
   * Holistic Trace Analysis (HTA, `holistictraceanalysis`), GPU traces: temporal breakdown (compute / non-compute /
     idle), communication-computation overlap, the top kernels and the idle-time breakdown per rank. HTA reads GPU
     kernels only: on a CPU trace it has nothing to read (HTA 0.5 fails on one), so CPU runs get the phases alone and
     analysis.json says why.
 Outputs: analysis.json (everything, with the method of each table) and phases.csv per run; the study's
-tables/traces.csv (one row per run and rank: phases, communication, overlap, HTA's breakdown), traces_kernels.csv
+tables/traces.csv (one row per run and rank: phases, communication, overlap, kernel classes, HTA's breakdown), traces_kernels.csv
 (HTA's top kernels per rank), traces_idle.csv (HTA's idle-time breakdown per rank and stream) and
 figures/traces.png/pdf.
 """
@@ -69,6 +72,29 @@ def intersect(xs, ys) -> float:
 
 def clip(events, a: float, b: float) -> list[tuple[float, float]]:
     return [(max(e["ts"], a), min(e["ts"] + e["dur"], b)) for e in events if e["ts"] < b and e["ts"] + e["dur"] > a]
+
+
+# Device time by what a kernel computes, read off its name (CUDA and ROCm libraries' names, inductor's triton_*):
+# the first class that matches (attention before GEMMs: cuDNN's attention kernels are wgmma kernels too);
+# "memory_bound" is the rest (elementwise, norms, reductions, the loss, casts).
+KERNEL_CLASSES = (
+    ("communication", NCCL_KERNEL),
+    ("attention", re.compile(r"sdpa|flash|fmha|attention|attn|cudnn::fusion::(compute_dot_do_o|convert_dq)", re.IGNORECASE)),
+    ("gemm", re.compile(r"nvjet|gemm|cutlass|cublas|xmma|Cijk_", re.IGNORECASE)),
+    ("multi_tensor", re.compile(r"multi_tensor_apply|adam", re.IGNORECASE)),
+)
+
+
+def kernel_class(op: dict) -> str:
+    if op.get("cat") in ("gpu_memcpy", "gpu_memset"):
+        return "copies"
+    return next((name for name, pattern in KERNEL_CLASSES if pattern.search(op["name"])), "memory_bound")
+
+
+KERNEL_CLASS_NAMES = (*(name for name, _ in KERNEL_CLASSES), "copies", "memory_bound")
+
+
+KERNEL_COLUMNS = ("device_busy_ms", *(f"{c}_kernel_ms" for c in KERNEL_CLASS_NAMES))
 
 
 def gpu_ops(events: list[dict]) -> list[tuple[float, dict]]:
@@ -132,6 +158,10 @@ def step_phases(trace: dict) -> tuple[list[dict], str]:
                **{f"{p}_launches": sum(len(launched_in(ops, r["ts"], r["ts"] + r["dur"])) for r in own[p])
                   if where == "gpu" else None for p in PHASES}}
         row["comm_overlap_pct"] = 100 * row["comm_overlapped_ms"] / row["comm_ms"] if row["comm_ms"] else None
+        if where == "gpu":
+            row["device_busy_ms"] = length(intervals(mine)) / 1000
+            row.update({f"{c}_kernel_ms": sum(e["dur"] for e in mine if kernel_class(e) == c) / 1000
+                        for c in KERNEL_CLASS_NAMES})
         rows.append(row)
     return rows, where
 
@@ -173,7 +203,7 @@ def analyse(trace_dir: Path, out_dir: Path, top: int = 10) -> dict:
               "phases": phases, "hta": hta, "hta_why_not": why,
               "note": None if files else "no trace: the run ended before the profiler window (or failed)"}
     columns = ["rank", "step", "step_ms", *[f"{p}_ms" for p in PHASES], "other_ms", "comm_ms", "comm_overlapped_ms",
-               "comm_overlap_pct", *[f"{p}_{x}" for x in ("host_ms", "launches") for p in PHASES]]
+               "comm_overlap_pct", *[f"{p}_{x}" for x in ("host_ms", "launches") for p in PHASES], *KERNEL_COLUMNS]
     pd.DataFrame(phases, columns=columns).to_csv(out_dir / "phases.csv", index=False)
     (out_dir / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
     return result
@@ -198,7 +228,8 @@ def study_table(paths: list[Path]) -> pd.DataFrame:
             mine = phases[phases["rank"] == rank] if len(phases) else phases
             row = {**ids, "rank": rank, "steps": len(mine), "phases_read_on": a["phases_read_on"].get(str(rank))}
             for col in ("step_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms", "comm_ms",
-                        "comm_overlap_pct", *(f"{p}_{x}" for x in ("host_ms", "launches") for p in PHASES)):
+                        "comm_overlap_pct", *(f"{p}_{x}" for x in ("host_ms", "launches") for p in PHASES),
+                        *KERNEL_COLUMNS):
                 row[col] = mine[col].astype(float).mean() if len(mine) and col in mine else None
             t = temporal.get(rank, {})
             row.update({"hta_compute_pct": t.get("compute_time_pctg"), "hta_non_compute_pct":
