@@ -54,6 +54,20 @@ def test_auto_stays_eager_where_a_block_call_is_too_small_to_pay():
         study.block_flops(config("cuda"), "qwen2.5-3b", 2, {"tp": 2})
 
 
+def test_auto_keeps_zero3_blocks_eager_on_a_gpu_until_their_losses_are_explained():
+    """Compiled ZeRO-3 leaf blocks parted from eager ZeRO-3's and DDP's losses on an H100 (levers.ZERO3_BLOCKS_UNCHECKED):
+    `auto` and the lever trial leave them out for every ZeRO-3 strategy on a GPU; ZeRO-1/2 and FSDP2 keep them."""
+    for name in ("zero3", "zeropp", "zero3_offload"):
+        z3 = levers("cuda", strategy=name)
+        assert z3["compile_blocks"] is False and "ZeRO-3" in z3["compile_auto"], name
+    assert levers("cuda", strategy="zero2")["compile_blocks"] is True and levers("cuda", strategy="fsdp")["compile_blocks"]
+    from workflow_scripts.training.levers import trial_candidates
+
+    run, skip = trial_candidates(["eager", "blocks", "model"], "cuda", True, "gpt2", {}, zero3=True)
+    assert set(run) == {"eager", "model"} and "ZeRO-3" in skip["blocks"]
+    assert "blocks" in trial_candidates(["blocks"], "cuda", True, "gpt2", {})[0]
+
+
 def test_an_explicit_setting_wins_and_a_partial_one_resolves_the_rest():
     assert levers("cuda", compile_blocks=False, compile_loss=False) == \
         {"compile_blocks": False, "compile_loss": False, "compile_auto": None}
@@ -66,8 +80,8 @@ def test_a_measured_auto_runs_the_candidates_each_configuration_can_run():
     """auto_levers.by: measurement: a study run names its trial (and a forced lever is no trial's to choose); the
     candidates are the schema's, each complete over the levers, and the trial leaves out what cannot run."""
     import yaml
-
     from conftest import REPO
+
     from workflow_scripts.training.levers import CANDIDATES, TRIAL_KEYS, trial_candidates
 
     cfg = {**config("cuda"), "auto_levers": {"by": "measurement"}}
@@ -118,8 +132,8 @@ def test_the_whole_model_compiled_trains_as_eager_on_one_unwrapped_rank(token_da
     import json
 
     import pytest
-
     from conftest import run_layout
+
     from workflow_scripts import config_check
 
     _, eager = run_layout(token_data, tmp_path, "1d", "qwen2-tiny", "ddp", {"dp": 1})
@@ -181,8 +195,8 @@ def test_the_chunked_loss_trains_like_the_head_under_fsdp(token_data, tmp_path):
     import json
 
     import pytest
-
     from conftest import run_layout
+
     from workflow_scripts import config_check
 
     _, want = run_layout(token_data, tmp_path, "1d", "qwen2-tiny", "fsdp", {"dp": 2})
