@@ -55,12 +55,15 @@ def test_auto_stays_eager_where_a_block_call_is_too_small_to_pay():
 
 
 def test_auto_keeps_zero3_blocks_eager_on_a_gpu_until_their_losses_are_explained():
-    """Compiled ZeRO-3 leaf blocks parted from eager ZeRO-3's and DDP's losses on an H100 (levers.ZERO3_BLOCKS_UNCHECKED):
-    `auto` and the lever trial leave them out for every ZeRO-3 strategy on a GPU; ZeRO-1/2 and FSDP2 keep them."""
+    """Compiled ZeRO-3 leaf blocks parted from eager ZeRO-3's and DDP's losses on an H100
+    (levers.ZERO3_BLOCKS_UNCHECKED): `auto` and the lever trial leave them out for every ZeRO-3 strategy on a GPU;
+    ZeRO-1/2 and FSDP2 keep them."""
     for name in ("zero3", "zeropp", "zero3_offload"):
         z3 = levers("cuda", strategy=name)
         assert z3["compile_blocks"] is False and "ZeRO-3" in z3["compile_auto"], name
-    assert levers("cuda", strategy="zero2")["compile_blocks"] is True and levers("cuda", strategy="fsdp")["compile_blocks"]
+        assert z3["compile_loss"] is True, name  # the loss is no ZeRO-3 leaf block
+    assert levers("cuda", strategy="zero2")["compile_blocks"] is True
+    assert levers("cuda", strategy="fsdp")["compile_blocks"] is True
     from workflow_scripts.training.levers import trial_candidates
 
     run, skip = trial_candidates(["eager", "blocks", "model"], "cuda", True, "gpt2", {}, zero3=True)

@@ -152,7 +152,8 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
     auto = [k for k, v in spec["train"].items() if v == replay.AUTO]
     trial = lever_trial_path(config, model, strategy, layout.key) if measured else None
     spec["train"] = levers.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
-                                    block_flops(config, model, micro, spec["layout"]), trial, shards_with_zero3(strategy))
+                                    block_flops(config, model, micro, spec["layout"]), trial,
+                                    shards_with_zero3(strategy))
     against = (config.get("verify") or {}).get("against")
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
         spec["train"] = replay.decisions(spec, auto, against)

@@ -16,8 +16,8 @@ Two analyses of every traced rank (measure/profile.py writes one trace per rank)
     kernels only: on a CPU trace it has nothing to read (HTA 0.5 fails on one), so CPU runs get the phases alone and
     analysis.json says why.
 Outputs: analysis.json (everything, with the method of each table) and phases.csv per run; the study's
-tables/traces.csv (one row per run and rank: phases, communication, overlap, kernel classes, HTA's breakdown), traces_kernels.csv
-(HTA's top kernels per rank), traces_idle.csv (HTA's idle-time breakdown per rank and stream) and
+tables/traces.csv (one row per run and rank: phases, communication, overlap, kernel classes, HTA's breakdown),
+traces_kernels.csv (HTA's top kernels per rank), traces_idle.csv (HTA's idle-time breakdown per rank and stream) and
 figures/traces.png/pdf.
 """
 from __future__ import annotations
@@ -79,7 +79,8 @@ def clip(events, a: float, b: float) -> list[tuple[float, float]]:
 # "memory_bound" is the rest (elementwise, norms, reductions, the loss, casts).
 KERNEL_CLASSES = (
     ("communication", NCCL_KERNEL),
-    ("attention", re.compile(r"sdpa|flash|fmha|attention|attn|cudnn::fusion::(compute_dot_do_o|convert_dq)", re.IGNORECASE)),
+    ("attention", re.compile(r"sdpa|flash|fmha|attention|attn|cudnn::fusion::(compute_dot_do_o|convert_dq)",
+                             re.IGNORECASE)),
     ("gemm", re.compile(r"nvjet|gemm|cutlass|cublas|xmma|Cijk_", re.IGNORECASE)),
     ("multi_tensor", re.compile(r"multi_tensor_apply|adam", re.IGNORECASE)),
 )
@@ -92,8 +93,6 @@ def kernel_class(op: dict) -> str:
 
 
 KERNEL_CLASS_NAMES = (*(name for name, _ in KERNEL_CLASSES), "copies", "memory_bound")
-
-
 KERNEL_COLUMNS = ("device_busy_ms", *(f"{c}_kernel_ms" for c in KERNEL_CLASS_NAMES))
 
 

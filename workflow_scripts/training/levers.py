@@ -18,11 +18,11 @@ Both default to `auto` (resolve, called by the run spec), decided by a rule or b
 it saves there), where a block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is host-bound
 there), under layout dimensions whose compiled runs were not checked on a GPU yet (parallel.Dimension.compiled_on_gpu),
 for the MoE family (grouped_mm experts) and for ZeRO-3's blocks on a GPU (ZERO3_BLOCKS_UNCHECKED). The measurement:
-before a configuration's timed repeats, a few steps of each candidate lever set (CANDIDATES, whole-model compile and CUDA graphs among them) on the study's own machine and
-shape (rule lever_trial, job/lever_trial.py); the launcher applies the fastest (apply_trial). Either way the
-run spec records what the run does and why (`compile_auto`). `true` / `false` force them. `train.compile_mode` is
-torch.compile's mode for all of them (e.g. max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of
-compilation). What a run used is recorded in its `strategy_settings.json` under `harness`.
+before a configuration's timed repeats, a few steps of each candidate lever set (CANDIDATES, whole-model compile and
+CUDA graphs among them) on the study's own machine and shape (rule lever_trial, job/lever_trial.py); the launcher
+applies the fastest (apply_trial). Either way the run spec records what the run does and why (`compile_auto`).
+`true` / `false` force them. `train.compile_mode` is torch.compile's mode for all of them (e.g.
+max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of compilation). What a run used is recorded in its `strategy_settings.json` under `harness`.
 """
 from __future__ import annotations
 
@@ -90,6 +90,8 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
         return {**train, "lever_trial": trial}
     on, why = auto_compile(platform, layout, family, block_flops, zero3)
     out = {**train, **{k: on for k in auto}, "compile_auto": why}
+    if zero3 and "compile_loss" in auto:  # the loss is no ZeRO-3 leaf block: the rule's answer without that case
+        out["compile_loss"] = auto_compile(platform, layout, family, block_flops)[0]
     if "compile_loss" in auto and (family == "vit" or train.get("chunked_loss")):  # not lm_loss: nothing to compile
         out["compile_loss"] = False
     return out
