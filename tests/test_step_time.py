@@ -272,3 +272,17 @@ def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machine
         st.load_rates(tmp_path / "calibration/h100/calibration.json")
         assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0
         assert st.load_rates(tmp_path / "study/b/calibration/calibration.json") == "the file's own"
+
+
+def test_the_models_parts_are_set_beside_the_kernels_of_the_committed_traces():
+    """bench.step_time.traced_parts: each committed set whose traces carry kernel classes gives one row per run, the
+    model's parts beside the trace's kernels of the same class; on the device-bound DDP profile the GEMMs agree
+    within 15 %, and the memory part of compiled blocks is the short one (BENCHMARKS.md Part 6c)."""
+    from workflow_scripts.bench import step_time as bench_st
+
+    frame = bench_st.traced_parts(Path(__file__).parents[1] / "results").set_index(["set", "strategy"])
+    ddp = frame.loc[("bench_harness/h100-ddp-profile-mb16", "ddp")]
+    assert abs(ddp["gemm_ms"] / ddp["gemm_trace_ms"] - 1) < 0.15
+    assert ddp["memory_ms"] < 0.5 * ddp["memory_trace_ms"]
+    assert ("vit/h200x2-zero3-traces", "zero3") in frame.index
+    assert (frame[[f"{p}_trace_ms" for p in bench_st.TRACED_PARTS]] > 0).all().all()

@@ -115,6 +115,46 @@ def predictions(rows: pd.DataFrame, runs: list, results: Path) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+# the model's device parts and the kernel classes of a trace that time the same work (report/traces.py)
+TRACED_PARTS = {"gemm": "gemm_kernel_ms", "attention": "attention_kernel_ms", "memory": "memory_bound_kernel_ms",
+                "optimizer": "multi_tensor_kernel_ms"}
+
+
+def traced_parts(results: Path) -> pd.DataFrame:
+    """Each part of the model beside the kernel time of the same class in the committed traces (every set whose
+    tables/traces.csv has kernel classes), per run, ms per step, the trace's mean over ranks and profiled steps."""
+    cache: dict = {}
+    out = []
+    for table in sorted(results.glob("**/tables/traces.csv")):
+        traces = pd.read_csv(table)
+        if "gemm_kernel_ms" not in traces:
+            continue
+        runs = pd.read_csv(table.parent.parent / C.RUNS_TABLE)
+        for (model, strategy, layout, repeat), ranks in traces.groupby(["model", "strategy", "layout", "repeat"]):
+            row = runs[(runs.model == model) & (runs.strategy == strategy) & (runs.layout == layout)
+                       & (runs.repeat == repeat)].iloc[0]
+            set_name = str(table.parent.parent.relative_to(results))
+            run = st.run_at(table.parent.parent / "runs" / model / strategy / layout / f"r{repeat}")
+            parts = st.predict(run, rates_for({"set": set_name, "device_name": row["device_name"]}, results,
+                                              cache)).parts
+            out.append({"set": set_name, "model": model, "strategy": strategy, "gpus": int(row["world_size"]),
+                        "levers": run.levers, "busy_ms": ranks["device_busy_ms"].mean(),
+                        **{f"{part}_ms": parts[part] * 1e3 for part in TRACED_PARTS},
+                        **{f"{part}_trace_ms": ranks[col].mean() for part, col in TRACED_PARTS.items()}})
+    return pd.DataFrame(out)
+
+
+def traced_markdown(frame: pd.DataFrame) -> str:
+    lines = ["### the model's device parts against the kernels of the committed traces (ms per step; model / trace)",
+             "", "| set | model | strategy | GPUs | levers | " + " | ".join(TRACED_PARTS) + " | device busy |",
+             "|---|---|---|---|---|" + "---|" * (len(TRACED_PARTS) + 1)]
+    for _, r in frame.iterrows():
+        parts = " | ".join(f"{r[f'{p}_ms']:.1f} / {r[f'{p}_trace_ms']:.1f}" for p in TRACED_PARTS)
+        lines.append(f"| {r['set']} | {r['model']} | {r['strategy']} | {r['gpus']} | {r['levers']} | {parts} | "
+                     f"{r['busy_ms']:.1f} |")
+    return "\n".join(lines + [""])
+
+
 def fit_class(frame: pd.DataFrame) -> pd.Series:
     """The rows a fit may use: one-GPU rows of H100 sets (multi-GPU and H200 rows are the test)."""
     return (frame["gpus"] == 1) & ~frame["set"].str.contains("h200")
@@ -209,7 +249,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default="results")
     ap.add_argument("--fit", action="store_true")
-    ap.add_argument("--out", help="a folder for step_time.md and step_time.csv")
+    ap.add_argument("--out", help="a folder for step_time.md / .csv and traced_parts.md / .csv")
     a = ap.parse_args(argv)
     results = Path(a.results)
     rows, runs, skipped = runs_of(committed_rows(results))
@@ -227,6 +267,9 @@ def main(argv=None):
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "step_time.md").write_text(text)
         frame.to_csv(Path(a.out) / "step_time.csv", index=False)
+        traced = traced_parts(results)
+        (Path(a.out) / "traced_parts.md").write_text(traced_markdown(traced))
+        traced.to_csv(Path(a.out) / "traced_parts.csv", index=False)
 
 
 if __name__ == "__main__":
