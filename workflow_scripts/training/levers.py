@@ -56,10 +56,9 @@ ZERO3_BLOCKS_UNCHECKED = ("auto: off for ZeRO-3 on a GPU (its compiled leaf bloc
                           "DDP's losses: results/vit/h100-zero3-eager)")
 
 
-def auto_compile(platform: str, layout: dict | None, family: str, block_flops: float,
-                 zero3: bool = False) -> tuple[bool, str]:
+def auto_compile(platform: str, layout: dict | None, family: str, block_flops: float) -> tuple[bool, str]:
     """What `auto` means for one run: (compile?, why). `block_flops`: forward matmul FLOPs of one block call
-    (study.block_flops); `zero3`: the strategy shards parameters with DeepSpeed's ZeRO-3."""
+    (study.block_flops)."""
     from workflow_scripts.training.parallel import DIMENSIONS
 
     if platform == "cpu":
@@ -70,8 +69,6 @@ def auto_compile(platform: str, layout: dict | None, family: str, block_flops: f
         return False, f"auto: off under {'/'.join(unchecked)} (compiled runs not checked on a GPU yet)"
     if family == "qwen2_moe":
         return False, "auto: off for the MoE family (compiled grouped_mm experts not checked on a GPU yet)"
-    if zero3:
-        return False, ZERO3_BLOCKS_UNCHECKED
     if block_flops < MIN_BLOCK_FLOPS:
         return False, (f"auto: off, {block_flops:.1e} FLOP per block call < {MIN_BLOCK_FLOPS:.0e} (host-bound: "
                        "compiled blocks cost more per call than they save)")
@@ -88,10 +85,10 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
         return dict(train)
     if trial and trial_decides(train):
         return {**train, "lever_trial": trial}
-    on, why = auto_compile(platform, layout, family, block_flops, zero3)
+    on, why = auto_compile(platform, layout, family, block_flops)
     out = {**train, **{k: on for k in auto}, "compile_auto": why}
-    if zero3 and "compile_loss" in auto:  # the loss is no ZeRO-3 leaf block: the rule's answer without that case
-        out["compile_loss"] = auto_compile(platform, layout, family, block_flops)[0]
+    if zero3 and on and "compile_blocks" in auto:  # `zero3`: DeepSpeed's ZeRO-3 shards the parameters; its blocks
+        out["compile_blocks"], out["compile_auto"] = False, ZERO3_BLOCKS_UNCHECKED  # only: the loss is no leaf block
     if "compile_loss" in auto and (family == "vit" or train.get("chunked_loss")):  # not lm_loss: nothing to compile
         out["compile_loss"] = False
     return out
