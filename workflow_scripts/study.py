@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from workflow_scripts import columns as C
 from workflow_scripts import replay
-from workflow_scripts.training import levers, strategies
+from workflow_scripts.training import levers
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.strategies import micro_and_accum
@@ -152,8 +152,7 @@ def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repe
     auto = [k for k, v in spec["train"].items() if v == replay.AUTO]
     trial = lever_trial_path(config, model, strategy, layout.key) if measured else None
     spec["train"] = levers.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
-                                    block_flops(config, model, micro, spec["layout"]), trial,
-                                    shards_with_zero3(strategy))
+                                    block_flops(config, model, micro, spec["layout"]), trial)
     against = (config.get("verify") or {}).get("against")
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
         spec["train"] = replay.decisions(spec, auto, against)
@@ -192,7 +191,7 @@ def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, o
     cfg = config["auto_levers"]
     train = {**config["train"], **overrides}
     names, skipped = levers.trial_candidates(cfg["candidates"], config["platform"], layout.data_only,
-                                             MODELS[model].family, train, shards_with_zero3(strategy))
+                                             MODELS[model].family, train)
     root = f"{config['work_dir']}/lever_trial/{model}/{strategy}/{layout.key}"
     steps = {"max_steps": train["timing_warmup_steps"] + cfg["steps"], "checkpoint_every": 0,
              "log_every": max(1, cfg["steps"]), "eval_batches": 1}
@@ -205,13 +204,6 @@ def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, o
             spec.pop(key, None)
         specs[name] = spec
     return {"specs": specs, "skipped": skipped}
-
-
-def shards_with_zero3(strategy: str) -> bool:
-    """Whether the strategy shards parameters with DeepSpeed's ZeRO-3 (zero3, zeropp, the offloads): its compiled
-    blocks are ZeRO-3 leaf modules (levers.ZERO3_BLOCKS_UNCHECKED)."""
-    found = strategies.get(strategy)
-    return found.family == "deepspeed" and found.zero_stage == 3
 
 
 def block_flops(config: dict, model: str, micro_batch: int, layout: dict, seq_len: int | None = None) -> float:

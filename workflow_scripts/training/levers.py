@@ -17,7 +17,7 @@ Both default to `auto` (resolve, called by the run spec), decided by a rule or b
 `auto_levers.by`). The rule: on a GPU platform they are on, the fast path; off on CPU (compilation costs more than
 it saves there), where a block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is host-bound
 there), under layout dimensions whose compiled runs were not checked on a GPU yet (parallel.Dimension.compiled_on_gpu),
-for the MoE family (grouped_mm experts) and for ZeRO-3's blocks on a GPU (ZERO3_BLOCKS_UNCHECKED). The measurement:
+and for the MoE family (grouped_mm experts). The measurement:
 before a configuration's timed repeats, a few steps of each candidate lever set (CANDIDATES, whole-model compile and
 CUDA graphs among them) on the study's own machine and shape (rule lever_trial, job/lever_trial.py); the launcher
 applies the fastest (apply_trial). Either way the run spec records what the run does and why (`compile_auto`).
@@ -47,13 +47,6 @@ TRIAL_KEYS = ("compile_blocks", "compile_loss", "compile_model", "compile_mode")
 # autograd wrapper) outweighs what fusion saves: GPT-2-medium on one H100, interleaved, micro-batch 4 (1.0e11 FLOP)
 # compiled 0.85x eager, micro-batch 16 (4.1e11) 1.9x (results/bench_harness/h100-levers-mb4, BENCHMARKS.md Part 1b).
 MIN_BLOCK_FLOPS = 2.0e11
-# ZeRO-3's compiled blocks (each a ZeRO-3 leaf module, its forward compiled) on a GPU followed another loss
-# trajectory than DDP's and than ZeRO-3's eager one on the same batches, reproducibly across machines and with
-# DeepSpeed's prefetch, overlap_comm and norm each changed (ViT-Huge on one H100: 4.90 against 5.06 at step 4, eager
-# ZeRO-3 5.057; results/vit/h100-zero3-eager, h100-compiled-loss-check); on CPU ranks the pair agrees. Until that is
-# explained `auto` keeps ZeRO-3's blocks eager on a GPU (a study may still set compile_blocks: true).
-ZERO3_BLOCKS_UNCHECKED = ("auto: off for ZeRO-3 on a GPU (its compiled leaf blocks parted from eager ZeRO-3's and "
-                          "DDP's losses: results/vit/h100-zero3-eager)")
 
 
 def auto_compile(platform: str, layout: dict | None, family: str, block_flops: float) -> tuple[bool, str]:
@@ -76,7 +69,7 @@ def auto_compile(platform: str, layout: dict | None, family: str, block_flops: f
 
 
 def resolve(train: dict, platform: str, layout: dict | None, family: str, block_flops: float,
-            trial: str | None = None, zero3: bool = False) -> dict:
+            trial: str | None = None) -> dict:
     """The run's train settings with `auto` levers made true/false (and the reason under `compile_auto`); with a
     `trial` (the lever trial's result file, measured `auto`), they stay `auto` and name the file (`lever_trial`):
     the launcher decides from it (apply_trial)."""
@@ -87,8 +80,6 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
         return {**train, "lever_trial": trial}
     on, why = auto_compile(platform, layout, family, block_flops)
     out = {**train, **{k: on for k in auto}, "compile_auto": why}
-    if zero3 and on and "compile_blocks" in auto:  # `zero3`: DeepSpeed's ZeRO-3 shards the parameters; its blocks
-        out["compile_blocks"], out["compile_auto"] = False, ZERO3_BLOCKS_UNCHECKED  # only: the loss is no leaf block
     if "compile_loss" in auto and (family == "vit" or train.get("chunked_loss")):  # not lm_loss: nothing to compile
         out["compile_loss"] = False
     return out
@@ -101,7 +92,7 @@ def trial_decides(train: dict) -> bool:
 
 
 def trial_candidates(names: list[str], platform: str, data_only: bool, family: str,
-                     train: dict, zero3: bool = False) -> tuple[dict, dict]:
+                     train: dict) -> tuple[dict, dict]:
     """The candidates a configuration can run ({name: lever settings}) and those it cannot ({name: why}): CUDA
     graphs need a GPU; the whole-model compile data-parallel layouts (config_check) and not the chunked loss; a
     ViT's loss and the chunked loss have nothing to compile (the candidate is the one without it)."""
@@ -115,8 +106,6 @@ def trial_candidates(names: list[str], platform: str, data_only: bool, family: s
             skip[name] = "the whole-model compile takes data-parallel layouts only"
         elif keys["compile_model"] and train.get("chunked_loss"):
             skip[name] = "the chunked loss is not checked compiled"
-        elif keys["compile_blocks"] and zero3 and platform != "cpu":
-            skip[name] = ZERO3_BLOCKS_UNCHECKED.removeprefix("auto: ")
         elif keys in run.values():  # e.g. `loss` is `eager` for a ViT
             skip[name] = "the same settings as an earlier candidate here"
         else:
