@@ -224,6 +224,19 @@ def test_deepcompile_rows_are_not_modelled_and_say_why():
     assert st.not_modelled(st.run_at(sets / "ddp, CUDA graphs/r0")) is None
 
 
+def test_zero3_runs_whose_compiled_blocks_traced_deepspeeds_linear_are_not_modelled():
+    """Before LEAF_BLOCK_KEYS a ViT's ZeRO-3 run had 8 blocks compiled (without gradients) and the rest eager: left
+    out by name (the committed pre-mend set); the mended retake and GPT-2's Conv1D blocks are modelled."""
+    vit = Path(__file__).parents[1] / "results/vit"
+    old = st.run_at(vit / "h100-compiled-loss-check/runs/vit-huge-14/zero3/ws1/r0")
+    assert old.traced_ds_linear and "DeepSpeed's linear" in st.not_modelled(old)
+    assert st.not_modelled(st.run_at(vit / "h100-zero3-grad-check/runs/vit-huge-14/zero3/ws1/r0")) is None
+    from workflow_scripts.training.strategies._deepspeed import traced_ds_linear
+
+    recorded = {"harness": {"zero3_leaf_modules": "GPT2Block"}, "deepspeed_config": {"zero_optimization": {}}}
+    assert not traced_ds_linear(recorded, "gpt2") and traced_ds_linear(recorded, "qwen2")
+
+
 def test_a_median_over_fewer_than_five_timed_steps_is_neither_fitted_nor_tested():
     """bench.step_time: the memory-peak sets (4 timed steps, the allocator's history recorded) ran slower than the
     same rows elsewhere and had pulled the eager constants up: such rows are left out by name; a row that does not

@@ -213,6 +213,7 @@ class Run:
     matmuls_recomputed: float = 1.0
     hooks_per_block: bool = True  # FSDP2 / ZeRO-3's gather and reduce hooks per block (else once: one FSDP2 unit)
     deepcompile: bool = False  # DeepSpeed's compiler backend (strategy_options.<zero*>.compile.deepcompile)
+    traced_ds_linear: bool = False  # ZeRO-3 blocks compiled around DeepSpeed's linear (_deepspeed.traced_ds_linear)
 
 
 @dataclass
@@ -413,6 +414,8 @@ def not_modelled(run: Run) -> str | None:
         return "deterministic algorithms: other kernels than the calibrated ones"
     if run.deepcompile:
         return "DeepCompile: DeepSpeed's compiler backend (its reductions inside the graph) has no term"
+    if run.traced_ds_linear:
+        return "ZeRO-3 blocks compiled around DeepSpeed's linear (8 compiled, the rest eager): no lever set"
     return None
 
 
@@ -454,7 +457,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
     from workflow_scripts.training.strategies import STRATEGIES
-    from workflow_scripts.training.strategies._deepspeed import asks_deepcompile
+    from workflow_scripts.training.strategies._deepspeed import asks_deepcompile, traced_ds_linear
 
     tokens = tokens_per_sample(model, overrides, seq_len)
     if n_params is None or trainable is None:
@@ -478,7 +481,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                tensors=12 * s.n_layer + 4, offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
-               deepcompile=asks_deepcompile(options),
+               deepcompile=asks_deepcompile(options), traced_ds_linear=traced_ds_linear(applied, MODELS[model].family),
                bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / MIB)) * MIB)
 
 

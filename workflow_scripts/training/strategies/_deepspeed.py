@@ -102,6 +102,15 @@ BF16_KEYS = ("check_grad_overflow",)
 # h100-zero3-grad-check). A leaf block's parameters are gathered for its backward by the hooks on the block, so
 # torch's own linear is all it needs. GPT-2's blocks (Conv1D) never called it.
 LEAF_BLOCK_KEYS = {"memory_efficient_linear": False}
+
+
+def traced_ds_linear(applied: dict | None, family: str) -> bool:
+    """Whether a recorded run (its strategy_settings.json) compiled ZeRO-3 leaf blocks with DeepSpeed's linear traced
+    into them: before LEAF_BLOCK_KEYS, a model family whose blocks call F.linear (all but GPT-2's Conv1D). Such a run
+    had 8 blocks compiled and without gradients, the rest eager: neither lever set, nor the strategy's arithmetic."""
+    harness = (applied or {}).get("harness") or {}
+    zero = ((applied or {}).get("deepspeed_config") or {}).get("zero_optimization") or {}
+    return bool(harness.get("zero3_leaf_modules")) and zero.get("memory_efficient_linear", True) and family != "gpt2"
 # ZeRO-1/2/3's options of ours, not DeepSpeed's (with their defaults): foreach_grad_norm, the gradient norm before the
 # clip in multi-tensor launches instead of 2-3 per parameter tensor (_deepspeed_grad_norm.py; false: DeepSpeed's)
 OWN_KEYS = {"foreach_grad_norm": True}
