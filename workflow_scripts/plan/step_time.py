@@ -307,8 +307,14 @@ def optimizer_seconds(run: Run, rates: Rates) -> tuple[float, float]:
 
 
 def sharding(run: Run) -> str | None:
-    """The engine whose per-layer hooks gather and release parameters: fsdp, zero3, or none."""
-    return "fsdp" if run.family == "fsdp" else "zero3" if run.family == "deepspeed" and run.zero_stage == 3 else None
+    """The per-layer hooks that gather and release parameters (HOOK_OPS' key): fsdp; zero3, DeepSpeed's on every
+    submodule; zero3_blocks, on each compiled block, a ZeRO-3 leaf module (one gather and one reduce a block:
+    strategies/_deepspeed_engine.zero3_compile_blocks); or none."""
+    if run.family == "fsdp":
+        return "fsdp"
+    if run.family == "deepspeed" and run.zero_stage == 3:
+        return "zero3_blocks" if run.levers == "blocks" else "zero3"
+    return None
 
 
 def replayed_forward(run: Run) -> float:
