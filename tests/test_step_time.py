@@ -281,10 +281,10 @@ def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machine
         assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0
         bench_st.rates_for({"device_name": h100, "set": "study/a"}, tmp_path, {})
         assert seen["launch_us[0]"] == 6.0
-        mp.setattr(st.Rates, "load", staticmethod(lambda path: "the file's own"))
         st.load_rates(tmp_path / "calibration/h100/calibration.json")
-        assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0
-        assert st.load_rates(tmp_path / "study/b/calibration/calibration.json") == "the file's own"
+        assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0  # the kind's median, not its file's 10
+        st.load_rates(tmp_path / "study/a/calibration/calibration.json")
+        assert seen["launch_us[0]"] == 6.0  # any other calibration: that machine's own
 
 
 def test_the_models_parts_are_set_beside_the_kernels_of_the_committed_traces():

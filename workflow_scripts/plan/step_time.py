@@ -81,10 +81,11 @@ class Rates:
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
-    def load(cls, path) -> "Rates":
-        """The rates of a calibration.json; ValueError naming the file where it is missing or has no curves."""
+    def load(cls, path, adjust=lambda calibration: calibration) -> "Rates":
+        """The rates of a calibration.json (`adjust`ed: load_rates); ValueError naming the file where it is missing
+        or has no curves."""
         try:
-            return cls.of(json.loads(Path(path).read_text()))
+            return cls.of(adjust(json.loads(Path(path).read_text())))
         except OSError as exc:
             raise ValueError(f"{path}: {exc.strerror}") from None
         except ValueError as exc:
@@ -150,10 +151,9 @@ def load_rates(path) -> Rates:
     what plan.calibration names to plan for a kind, and the published and simulated predictions use) stands for any
     machine of the kind: its launch cost is the kind's median (kind_launch_costs), the rest its own."""
     path = Path(path)
-    rates = Rates.load(path)
     if path.parent.parent.name != "calibration" or path.name != "calibration.json":
-        return rates
-    return Rates.of(with_kind_launch_cost(json.loads(path.read_text()), path.parent.parent.parent))
+        return Rates.load(path)
+    return Rates.load(path, lambda calibration: with_kind_launch_cost(calibration, path.parent.parent.parent))
 
 
 @lru_cache(maxsize=65536)
