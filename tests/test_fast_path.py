@@ -54,17 +54,17 @@ def test_auto_stays_eager_where_a_block_call_is_too_small_to_pay():
         study.block_flops(config("cuda"), "qwen2.5-3b", 2, {"tp": 2})
 
 
-def test_zero3_leaf_blocks_take_torch_linear_and_auto_compiles_them_again():
-    """ZeRO-3's compiled blocks are leaf modules; DeepSpeed's memory-efficient linear, traced into them, left the
-    first blocks' attention without gradients on an H100 (_deepspeed.LEAF_BLOCK_KEYS, results/vit/
-    h100-zero3-grad-check): every stage-3 strategy with compiled blocks turns it off, eager ones and ZeRO-1/2 keep
-    DeepSpeed's default, a user's key still wins; `auto` compiles ZeRO-3's blocks on a GPU like every strategy's."""
+def test_compiled_zero3_takes_torch_linear_and_auto_compiles_its_blocks_again():
+    """DeepSpeed's memory-efficient linear, traced into ZeRO-3's compiled blocks (leaf modules) or its compiled
+    model, left parameters without gradients on an H100 (_deepspeed.LEAF_BLOCK_KEYS, results/vit/
+    h100-zero3-grad-check): every stage-3 strategy compiled (blocks or model) turns it off; eager ones, DeepCompile's
+    and ZeRO-1/2 keep DeepSpeed's default; a user's key still wins; `auto` compiles ZeRO-3's blocks on a GPU again."""
     from workflow_scripts.training import strategies
     from workflow_scripts.training.strategies._deepspeed import check_context
 
     def zero_keys(name, compiled, **options):
         ctx = check_context(options)
-        ctx.compiled_blocks = compiled
+        ctx.compiled = compiled
         return strategies.get(name).settings(ctx)["deepspeed_config"]["zero_optimization"]
 
     for name in ("zero3", "zeropp", "zero3_offload"):
@@ -73,6 +73,7 @@ def test_zero3_leaf_blocks_take_torch_linear_and_auto_compiles_them_again():
         assert levers("cuda", strategy=name)["compile_blocks"] is True, name
     assert "memory_efficient_linear" not in zero_keys("zero2", True)
     assert zero_keys("zero3", True, memory_efficient_linear=True)["memory_efficient_linear"] is True
+    assert "memory_efficient_linear" not in zero_keys("zero3", True, compile={"deepcompile": True})
     from workflow_scripts.training.levers import trial_candidates
 
     assert "blocks" in trial_candidates(["eager", "blocks", "model"], "cuda", True, "gpt2", {})[0]

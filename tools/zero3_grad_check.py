@@ -29,6 +29,9 @@ VARIANTS = {  # name: (leaf modules, compiled blocks, DeepSpeed's memory_efficie
     "zero3_leaf_fullgraph": (True, "fullgraph", True),
     "zero3_leaf_compiled_plain_linear": (True, True, False),
     "zero3_leaf_fullgraph_plain_linear": (True, "fullgraph", False),
+    # the whole model compiled by DeepSpeedEngine.compile (train.compile_model's path for ZeRO-3, without DeepCompile)
+    "zero3_engine_compile": (False, "engine", True),
+    "zero3_engine_compile_plain_linear": (False, "engine", False),
 }
 
 
@@ -93,7 +96,7 @@ def run_variant(name: str, args, device) -> dict:
     blocks = transformer_blocks(model)
     if leaf:
         set_z3_leaf_modules(model, [type(blocks[0])])
-    if compiled:
+    if compiled in (True, "fullgraph"):
         for block in blocks:
             block.forward = torch.compile(block.forward, fullgraph=compiled == "fullgraph")
     ds = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
@@ -106,6 +109,8 @@ def run_variant(name: str, args, device) -> dict:
         ds["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
+    if compiled == "engine":
+        engine.compile()
     COUNTS.clear()
     none_grad_counter()
     names = {p: n for n, p in engine.module.named_parameters()}

@@ -116,7 +116,7 @@ def setup(spec: dict) -> Run:
     if MODELS[spec["model"]].family == "vit":  # image rows: pixels and label (training/vision.py)
         ctx.forward_loss = vision.forward_loss
     applied = {**recompute.enable(model, t), **levers.apply(model, t, strategy), **deterministic}
-    ctx.compiled_blocks = applied["compile_blocks"]  # what the strategy's engine is built around
+    ctx.compiled = applied["compile_blocks"] or applied["compile_model"]  # what the strategy's engine is built around
     if t.get("chunked_loss"):  # the head returns the loss (training/chunked_loss.py)
         applied.update(chunked_loss.install(model, t["chunked_loss"]))
         ctx.chunked_head, ctx.forward_loss = model.get_output_embeddings(), chunked_loss.forward_loss

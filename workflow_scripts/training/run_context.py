@@ -41,7 +41,7 @@ class RunContext:
     forward_loss: Callable | None = None
     parallel: dict = field(default_factory=dict)  # what each model-parallel dimension did (into the summary)
     pipeline_schedule: str = "1f1b"  # train.pipeline_schedule, for layouts with pp > 1
-    compiled_blocks: bool = False  # the blocks were compiled before the strategy wraps them (training.levers.apply)
+    compiled: bool = False  # the blocks, or the whole model, compiled around the strategy's hooks (levers.apply)
     _mesh: object = field(default=None, repr=False, compare=False)
     _data_mesh: object = field(default=None, repr=False, compare=False)
 

@@ -94,13 +94,17 @@ TOP_LEVEL_KEYS = ("communication_data_type", "aio", "prescale_gradients", "gradi
 # check_grad_overflow: false drops the per-tensor inf/NaN checks of its ZeRO-1/2 step (a host-bound part of it:
 # results/bench_harness/h100-zero2-profile) and with them the skip of a step whose gradients are not finite.
 BF16_KEYS = ("check_grad_overflow",)
-# ZeRO-3 with compiled blocks (each a leaf module: zero3_compile_blocks): DeepSpeed's memory-efficient linear off.
+# ZeRO-3 with compiled blocks (each a leaf module: zero3_compile_blocks) or its whole model compiled by
+# DeepSpeedEngine.compile (train.compile_model without DeepCompile): DeepSpeed's memory-efficient linear off.
 # Its zero.Init replaces torch.nn.functional.linear with an autograd Function whose backward re-gathers a released
 # weight. Traced into a compiled block on a GPU it guards on each weight's ds_id, so every block recompiles and past
 # torch's limit of 8 the rest run eager; and no parameter of the 8 compiled blocks got a gradient (DeepSpeed's leaf
 # hook reduced zeros for all 16 of each: ViT-Huge on an H100, tools/zero3_grad_check.py, results/vit/
-# h100-zero3-grad-check). A leaf block's parameters are gathered for its backward by the hooks on the block, so
-# torch's own linear is all it needs. GPT-2's blocks (Conv1D) never called it.
+# h100-zero3-grad-check). The whole model compiled the same way left all 514 parameters without a gradient. A
+# leaf block's parameters are gathered for its backward by the hooks on the block, and the compiled model's by
+# DeepSpeed's hooks on each submodule, so torch's own linear is all they need. GPT-2's blocks (Conv1D) never called
+# it. DeepCompile, DeepSpeed's own compiler, keeps DeepSpeed's default (its GPT-2 rows agree with DDP's losses; not
+# checked on a model whose blocks call F.linear).
 LEAF_BLOCK_KEYS = {"memory_efficient_linear": False}
 
 
@@ -238,7 +242,7 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
 
     def zero_section(ctx: RunContext) -> dict:
         fixed = zero(ctx) if callable(zero) else (zero or {})
-        leaf = LEAF_BLOCK_KEYS if stage == 3 and ctx.compiled_blocks else {}
+        leaf = LEAF_BLOCK_KEYS if stage == 3 and ctx.compiled and not asks_deepcompile(ctx.options) else {}
         return {"stage": stage, **quantized, **leaf, **fixed, **split_options(ctx.options, consumes)[2]}
 
     def engine_precision(precision: str, options: dict) -> str:
