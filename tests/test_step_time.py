@@ -225,7 +225,7 @@ def test_deepcompile_rows_are_not_modelled_and_say_why():
 
 
 def test_zero3_runs_whose_compiled_blocks_traced_deepspeeds_linear_are_not_modelled():
-    """Before LEAF_BLOCK_KEYS a ViT's ZeRO-3 run had 8 blocks compiled (without gradients) and the rest eager: left
+    """Before COMPILED_ZERO3_KEYS a ViT's ZeRO-3 run had 8 blocks compiled (without gradients) and the rest eager: left
     out by name (the committed pre-mend set); the mended retake and GPT-2's Conv1D blocks are modelled."""
     vit = Path(__file__).parents[1] / "results/vit"
     old = st.run_at(vit / "h100-compiled-loss-check/runs/vit-huge-14/zero3/ws1/r0")

@@ -1,4 +1,5 @@
-"""ZeRO-3's gradients with its blocks as leaf modules, eager and compiled, against plain ZeRO-3 (one process).
+"""ZeRO-3's gradients with its blocks as leaf modules, eager and compiled, or its whole model compiled, against plain
+ZeRO-3 (one process).
 
     python tools/zero3_grad_check.py --model vit-huge-14 --precision bf16-mixed --steps 4 [--out check.json]
 
@@ -21,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-VARIANTS = {  # name: (leaf modules, compiled blocks, DeepSpeed's memory_efficient_linear)
+VARIANTS = {  # name: (leaf modules, compiled: blocks (True, "fullgraph") or "engine", memory_efficient_linear)
     "zero3": (False, False, True),
     "zero3_leaf": (True, False, True),
     "zero3_leaf_compiled": (True, True, True),

@@ -105,13 +105,13 @@ BF16_KEYS = ("check_grad_overflow",)
 # DeepSpeed's hooks on each submodule, so torch's own linear is all they need. GPT-2's blocks (Conv1D) never called
 # it. DeepCompile, DeepSpeed's own compiler, keeps DeepSpeed's default (its GPT-2 rows agree with DDP's losses; not
 # checked on a model whose blocks call F.linear).
-LEAF_BLOCK_KEYS = {"memory_efficient_linear": False}
+COMPILED_ZERO3_KEYS = {"memory_efficient_linear": False}
 
 
 def traced_ds_linear(applied: dict | None, family: str) -> bool:
     """Whether a recorded run (its strategy_settings.json) compiled ZeRO-3 leaf blocks with DeepSpeed's linear traced
-    into them: before LEAF_BLOCK_KEYS, a model family whose blocks call F.linear (all but GPT-2's Conv1D). Such a run
-    had 8 blocks compiled and without gradients, the rest eager: neither lever set, nor the strategy's arithmetic."""
+    into them: before COMPILED_ZERO3_KEYS, a model family whose blocks call F.linear (all but GPT-2's Conv1D). Such a
+    run had 8 blocks compiled and without gradients, the rest eager: neither lever set, nor the strategy's arithmetic."""
     harness = (applied or {}).get("harness") or {}
     zero = ((applied or {}).get("deepspeed_config") or {}).get("zero_optimization") or {}
     return bool(harness.get("zero3_leaf_modules")) and zero.get("memory_efficient_linear", True) and family != "gpt2"
@@ -242,7 +242,7 @@ def deepspeed_strategy(name: str, stage: int, description: str, zero: dict | Non
 
     def zero_section(ctx: RunContext) -> dict:
         fixed = zero(ctx) if callable(zero) else (zero or {})
-        leaf = LEAF_BLOCK_KEYS if stage == 3 and ctx.compiled and not asks_deepcompile(ctx.options) else {}
+        leaf = COMPILED_ZERO3_KEYS if stage == 3 and ctx.compiled and not asks_deepcompile(ctx.options) else {}
         return {"stage": stage, **quantized, **leaf, **fixed, **split_options(ctx.options, consumes)[2]}
 
     def engine_precision(precision: str, options: dict) -> str:
