@@ -102,7 +102,8 @@ def run_variant(name: str, args, device) -> dict:
             block.forward = torch.compile(block.forward, fullgraph=compiled == "fullgraph")
     ds = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
           "train_batch_size": args.micro, "gradient_clipping": 1.0, "zero_allow_untested_optimizer": True,
-          "zero_optimization": {"stage": 3, "overlap_comm": False, "memory_efficient_linear": mem_linear},
+          "zero_optimization": {"stage": 3, "overlap_comm": False, "memory_efficient_linear": mem_linear,
+                                **json.loads(args.zero)},
           "steps_per_print": 10**9}
     if args.precision == "bf16-pure":
         ds["bf16"] = {"enabled": True}
@@ -164,6 +165,7 @@ def main() -> None:
     ap.add_argument("--image", type=int, default=224)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--layers", type=int, help="the model's depth instead of its registry depth")
+    ap.add_argument("--zero", default="{}", help="more zero_optimization keys, JSON (ZeRO++: zero_quantized_weights...)")
     ap.add_argument("--out")
     args = ap.parse_args()
     for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "RANK": "0", "WORLD_SIZE": "1",
@@ -177,7 +179,7 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     results = {v: run_variant(v, args, device) for v in args.variants.split(",")}
     first = next(iter(results))
-    report = {"model": args.model, "precision": args.precision, "device": torch.cuda.get_device_name(0)
+    report = {"model": args.model, "precision": args.precision, "zero": json.loads(args.zero), "device": torch.cuda.get_device_name(0)
               if device.type == "cuda" else "cpu", "torch": torch.__version__, "deepspeed": deepspeed.__version__,
               "reference": first, "variants": {}}
     for v, r in results.items():
