@@ -58,7 +58,8 @@ def test_compiled_zero3_takes_torch_linear_and_auto_compiles_its_blocks_again():
     """DeepSpeed's memory-efficient linear, traced into ZeRO-3's compiled blocks (leaf modules) or its compiled
     model, left parameters without gradients on an H100 (_deepspeed.COMPILED_ZERO3_KEYS, results/vit/
     h100-zero3-grad-check): every stage-3 strategy compiled (blocks or model) turns it off; eager ones, DeepCompile's
-    and ZeRO-1/2 keep DeepSpeed's default; a user's key still wins; `auto` compiles ZeRO-3's blocks on a GPU again."""
+    and ZeRO-1/2 keep DeepSpeed's default; a user's key wins here (config_check refuses it before any job:
+    test_workflow's BAD_CONFIGS); `auto` compiles ZeRO-3's blocks on a GPU again."""
     from workflow_scripts.training import strategies
     from workflow_scripts.training.strategies._deepspeed import check_context
 

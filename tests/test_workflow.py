@@ -77,6 +77,9 @@ BAD_CONFIGS = [
      "train.precision is fp32"),
     ({"strategy_options": {"zero1": {"foreach_grad_norm": "yes"}}},
      "strategy_options.zero1.foreach_grad_norm: expected true or false, got 'yes'"),
+    ({"strategy_options": {"zero3": {"memory_efficient_linear": True}}, "train": {"compile_blocks": True}},
+     "strategy_options.zero3.memory_efficient_linear: True traces DeepSpeed's own linear into the code that "
+     "train.compile_blocks compiles"),
     ({"strategy_options": {"grad_accum": {"accum_steps": 3}}},  # grad_accum's accumulation rule, in the strategy
      "strategy_options.grad_accum.accum_steps: 3 must divide train.micro_batch_size x grad_accum = 8"),
 ]

@@ -16,8 +16,12 @@ from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import model_problems, run_problems, unimplemented
 from workflow_scripts.training.strategies import STRATEGIES
-from workflow_scripts.training.strategies._deepspeed import BF16_KEYS, no_bf16_section
-
+from workflow_scripts.training.strategies._deepspeed import (
+    BF16_KEYS,
+    COMPILED_ZERO3_KEYS,
+    asks_deepcompile,
+    no_bf16_section,
+)
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-pure")
 # jsonschema checks the `iri` formats with rfc3987_syntax where it is installed (JupyterLab, through HTA, brings it):
@@ -52,7 +56,7 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
              + size_problems(config, devices) + data_problems(config) + bench_problems(config)
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
              + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config)
-             + auto_levers_problems(config))
+             + auto_levers_problems(config) + compiled_zero3_problems(config))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
 
 
@@ -199,6 +203,28 @@ def bf16_option_problems(config: dict) -> list[str]:
             if STRATEGIES[s].engine_precision(precision, options) != "bf16-pure":  # no bf16 section
                 where = f"groups[{i}].train.precision" if "precision" in g.get("train", {}) else "train.precision"
                 out.append(no_bf16_section(s, keys[0], where, precision))
+    return out
+
+
+def compiled_zero3_problems(config: dict) -> list[str]:
+    """A stage-3 strategy's option against what its runs compiled around DeepSpeed's hooks must keep
+    (strategies/_deepspeed.COMPILED_ZERO3_KEYS): where a group compiles (compile_blocks or compile_model true, or
+    compile_blocks `auto` on a GPU platform), DeepSpeed's memory-efficient linear left parameters without gradients."""
+    out = []
+    for i, g in enumerate(study.groups(config)):
+        t = {**config["train"], **g.get("train", {})}
+        where = f"groups[{i}].train" if config.get("groups") else "train"
+        compiles = [k for k in ("compile_blocks", "compile_model") if t.get(k) is True
+                    or k == "compile_blocks" and t.get(k, "auto") == "auto" and config["platform"] != "cpu"]
+        for s in g["strategies"]:
+            options = (config.get("strategy_options") or {}).get(s)
+            stage3 = s in STRATEGIES and STRATEGIES[s].family == "deepspeed" and STRATEGIES[s].zero_stage == 3
+            if not (compiles and stage3 and isinstance(options, dict)) or asks_deepcompile(options):
+                continue
+            out += [f"strategy_options.{s}.{k}: {options[k]!r} traces DeepSpeed's own linear into the code that "
+                    f"{where}.{compiles[0]} compiles, which left parameters without gradients "
+                    "(results/vit/h100-zero3-grad-check): drop the key or compile nothing"
+                    for k, v in COMPILED_ZERO3_KEYS.items() if k in options and options[k] != v]
     return out
 
 
