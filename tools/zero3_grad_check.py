@@ -114,13 +114,21 @@ def run_variant(name: str, args, device) -> dict:
     if compiled == "engine":
         engine.compile()
     COUNTS.clear()
-    none_grad_counter()
+    if not args.profile:  # the counter reads every gradient (a device sync per parameter): not while profiling
+        none_grad_counter()
     names = {p: n for n, p in engine.module.named_parameters()}
-    if leaf:
+    if leaf and not args.profile:
         for p in engine.module.parameters():
             p.register_post_accumulate_grad_hook(late_accumulation(names[p]))
     losses, grads, stale = [], {}, 0
+    profiler = None
     for i, batch in enumerate(batches(args.model, family, cfg, args.micro, args.steps, device)):
+        if args.profile and i == args.steps - args.profile:  # the host's time per function over the last steps
+            import cProfile
+
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            profiler = cProfile.Profile()
+            profiler.enable()
         loss = engine(**batch).loss
         HOOKED.clear()
         engine.backward(loss)
@@ -129,12 +137,29 @@ def run_variant(name: str, args, device) -> dict:
             grads = {names[p]: safe_get_full_grad(p).float().cpu() for p in engine.module.parameters()}
         engine.step()
         losses.append(float(loss))
+    if profiler is not None:
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        profiler.disable()
+        host_profile(profiler, f"{args.out or 'zero3_grad_check'}.{name}.profile.txt")
     engine.destroy()
     linear = torch.nn.functional.linear.__qualname__  # DeepSpeed's zero.Init may have replaced it
     late = sorted(set(LATE))
     LATE.clear()
     return {"losses": losses, "grads": grads, "counts": dict(COUNTS), "param_grad_left_after_backward": stale,
             "accumulated_after_leaf_hook": late, "functional_linear": linear}
+
+
+def host_profile(profiler, path: str) -> None:
+    """The profiled steps' host time by function: the 40 largest by own time and by cumulative time."""
+    import io
+    import pstats
+
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    with open(path, "w") as f:
+        f.write(out.getvalue())
 
 
 def late_accumulation(name: str):
@@ -166,6 +191,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--layers", type=int, help="the model's depth instead of its registry depth")
     ap.add_argument("--zero", default="{}", help="more zero_optimization keys, JSON (ZeRO++: zero_quantized_weights...)")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile the host over this many last steps")
     ap.add_argument("--out")
     args = ap.parse_args()
     for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "RANK": "0", "WORLD_SIZE": "1",

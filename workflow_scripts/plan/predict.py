@@ -45,20 +45,34 @@ def sample_bytes(model: str, seq_len: int) -> float:
 
 
 @lru_cache(maxsize=64)
-def count_params(model: str, overrides_json: str, vocab: int, seq_len: int, lora_json: str = "null") -> tuple[int, int]:
-    """(parameters, trainable parameters) of the run's model built on the meta device (no memory, seconds)."""
+def meta_model(model: str, overrides_json: str, vocab: int, seq_len: int, lora_json: str = "null"):
+    """The run's model built on the meta device (no memory, seconds), with its LoRA adapters."""
     import json
 
     import torch
 
-    from workflow_scripts.training.models import build_model, count_params as total, count_trainable, with_lora
+    from workflow_scripts.training.models import build_model, with_lora
 
     with torch.device("meta"):
         m = build_model(model, vocab, seq_len, overrides=json.loads(overrides_json))
         lora = json.loads(lora_json)
-        if lora:
-            m = with_lora(m, lora)
+        return with_lora(m, lora) if lora else m
+
+
+def count_params(model: str, overrides_json: str, vocab: int, seq_len: int, lora_json: str = "null") -> tuple[int, int]:
+    """(parameters, trainable parameters) of the run's model."""
+    from workflow_scripts.training.models import count_params as total
+    from workflow_scripts.training.models import count_trainable
+
+    m = meta_model(model, overrides_json, vocab, seq_len, lora_json)
     return total(m), count_trainable(m)
+
+
+def count_tensors(model: str, overrides_json: str, vocab: int, seq_len: int, lora_json: str = "null") -> int:
+    """Trainable parameter tensors of the run's model (tied ones once): what DeepSpeed's per-tensor work walks (its
+    ZeRO-1/2 optimizer step, ZeRO-3's gather, release and gradient-reduce hooks)."""
+    m = meta_model(model, overrides_json, vocab, seq_len, lora_json)
+    return sum(p.requires_grad for p in {id(p): p for p in m.parameters()}.values())
 
 
 @lru_cache(maxsize=64)

@@ -18,8 +18,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
   host       what the host issues per step: HOST_OPS[levers] per layer and micro-batch (kernel launches and Python,
              in units of the calibrated eager launch, `launch_us`), FIXED_OPS per micro-batch, the optimizer's
              launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
-             tensor), FSDP2's and ZeRO-3's gather and reduce hooks, HOOK_OPS per layer and micro-batch (once per
-             micro-batch where one FSDP2 unit holds the whole model: Strategy.hooks_per_block);
+             tensor, counted on the model built on the meta device), the gather and reduce hooks a micro-batch:
+             FSDP2's HOOK_OPS per layer (once where one unit holds the whole model: Strategy.hooks_per_block),
+             DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart);
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
              (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
              engine overlaps with the backward (DDP's buckets, FSDP2's prefetch; DeepSpeed ZeRO-1/2 do not
@@ -317,6 +318,18 @@ def sharding(run: Run) -> str | None:
     return None
 
 
+def hook_ops(run: Run, layers: float) -> float:
+    """Host launch-equivalents of a micro-batch's parameter hooks: FSDP2's per unit (each layer, or once where one
+    unit holds the model), DeepSpeed ZeRO-3's per parameter tensor of the stage (its gather, release and
+    gradient-reduce walk every tensor in Python: the host profile in results/vit/h100-zero3-grad-check)."""
+    key = sharding(run)
+    if key is None:
+        return 0.0
+    if key == "fsdp":
+        return HOOK_OPS[key] * (layers if run.hooks_per_block else 1.0)
+    return HOOK_OPS[key] * run.tensors / degree(run, "pp")
+
+
 def replayed_forward(run: Run) -> float:
     """How many more host launches a block's recomputation issues, as a share of its forward's: a checkpoint
     around an eager block or around a compiled one (transformers checkpoints the block as a whole) runs its forward
@@ -329,7 +342,7 @@ def replayed_forward(run: Run) -> float:
 
 def host_seconds(run: Run, rates: Rates) -> float:
     layers = run.shape.n_layer / degree(run, "pp")
-    hooks = HOOK_OPS.get(sharding(run), 0.0) * (layers if run.hooks_per_block else 1.0)
+    hooks = hook_ops(run, layers)
     per_micro = HOST_OPS[run.levers] * (1.0 + replayed_forward(run)) * layers + hooks + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     return (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
@@ -457,8 +470,8 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     `train` its resolved train settings, `applied` the levers it recorded having applied (strategy_settings.json)."""
     import json
 
-    from workflow_scripts.plan.predict import (count_params, engine_choices, recorded_wrap_blocks, shape,
-                                               tokens_per_sample)
+    from workflow_scripts.plan.predict import (count_params, count_tensors, engine_choices, recorded_wrap_blocks,
+                                               shape, tokens_per_sample)
     from workflow_scripts.training import recompute
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
@@ -466,9 +479,10 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     from workflow_scripts.training.strategies._deepspeed import asks_deepcompile, traced_ds_linear
 
     tokens = tokens_per_sample(model, overrides, seq_len)
+    built = (model, json.dumps(overrides or {}, sort_keys=True), vocab, seq_len,
+             json.dumps(train.get("lora") or MODELS[model].lora))
     if n_params is None or trainable is None:
-        lora = json.dumps(train.get("lora") or MODELS[model].lora)
-        counted = count_params(model, json.dumps(overrides or {}, sort_keys=True), vocab, seq_len, lora)
+        counted = count_params(*built)
         n_params, trainable = n_params or counted[0], trainable if trainable is not None else counted[1]
     s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
     engine = STRATEGIES[strategy]
@@ -484,7 +498,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                checkpointing=recomputes is not None, selective=recomputes == "selective",
                matmuls_recomputed=recompute.MATMULS_RECOMPUTED.get(recomputes, 1.0),
                trainable=int(trainable),
-               tensors=12 * s.n_layer + 4, offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
+               tensors=count_tensors(*built), offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
                deepcompile=asks_deepcompile(options), traced_ds_linear=traced_ds_linear(applied, MODELS[model].family),
