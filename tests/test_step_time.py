@@ -85,8 +85,14 @@ def test_host_term_is_launches_at_the_calibrated_cost():
         (4 * (st.HOST_OPS["eager"] + st.HOOK_OPS["fsdp"]) + st.FIXED_OPS + 10) * 10e-6)
     assert st.host_seconds(one_unit, flat_rates()) == pytest.approx(
         (4 * st.HOST_OPS["eager"] + st.HOOK_OPS["fsdp"] + st.FIXED_OPS + 10) * 10e-6)
+    # DeepSpeed ZeRO-3's hooks per parameter tensor (its Python walks every one), eager and compiled blocks apart
+    for levers, key in (("eager", "zero3"), ("blocks", "zero3_blocks")):
+        z3 = gpt2_run(shape=deep, family="deepspeed", zero_stage=3, levers=levers)
+        assert st.host_seconds(z3, flat_rates()) == pytest.approx(
+            (4 * st.HOST_OPS[levers] + st.HOOK_OPS[key] * 16 + st.FIXED_OPS + 10) * 10e-6)
     plan = dict(model="gpt2-tiny", strategy="fsdp", precision="fp32", micro_batch=1, accum=1, seq_len=64, vocab=256,
                 train={})
+    assert st.run_for(layout={"dp": 1}, **plan).tensors == 2 * 12 + 4  # the model's own: wte, wpe, ln_f and blocks
     assert not st.run_for(layout={"dp": 1}, **plan).hooks_per_block
     assert st.run_for(layout={"dp": 2}, **plan).hooks_per_block
     assert st.run_for(layout={"dp": 1}, applied={}, **plan).hooks_per_block  # a run from before one-unit wrapping
