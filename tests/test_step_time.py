@@ -105,6 +105,13 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     assert st.host_seconds(inside, flat_rates()) == st.host_seconds(plain, flat_rates())
     selective = st.run_for(layout={"dp": 1}, **{**plan, "train": {"gradient_checkpointing": "selective"}})
     assert selective.selective and selective.matmuls_recomputed == 0.0
+    # eager tensor parallelism: each parallel linear of a block (7 in parallel/tensor.py) through DTensor's
+    # dispatch at the calibrated cost, per micro-batch and layer of this pipeline stage; compiled blocks trace it away
+    tp = gpt2_run(shape=deep, accum=2, layout={"dp": 1, "tp": 2, "pp": 2})
+    assert st.host_seconds(tp, flat_rates(tp_linear_us=500.0)) - st.host_seconds(tp, flat_rates()) == pytest.approx(
+        2 * 7 * 2 * 500e-6)
+    compiled = gpt2_run(shape=deep, levers="blocks", layout={"dp": 1, "tp": 2})
+    assert st.host_seconds(compiled, flat_rates(tp_linear_us=500.0)) == st.host_seconds(compiled, flat_rates())
 
 
 def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():
@@ -254,11 +261,12 @@ def test_a_median_over_fewer_than_five_timed_steps_is_neither_fitted_nor_tested(
     assert bench_st.too_few_steps({"timed_steps": float("nan")}) is None and bench_st.too_few_steps({}) is None
 
 
-def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machines(tmp_path):
+def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines(tmp_path):
     """bench.step_time: a row whose set measured no calibration gets the launch cost every committed calibration of
     its GPU kind measured, their median (H100 machines measured 6-10 us), not the one machine of the kind's file;
-    another kind's calibration does not count, a set's own launch cost is kept. A plan on a kind's committed file
-    (load_rates) takes the same median; on any other calibration, that machine's own."""
+    another kind's calibration does not count, a set's own launch cost is kept; a host cost only some calibrations
+    measured (the DTensor dispatch) comes from those. A plan on a kind's committed file (load_rates) takes the same
+    median; on any other calibration, that machine's own."""
     import json
 
     from workflow_scripts.bench import step_time as bench_st
@@ -268,13 +276,15 @@ def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machine
                            f"{where}/calibration/calibration.json")
         path.parent.mkdir(parents=True)
         rows = [{"name": "launch_us[0]", "value": launch}, {"name": "hbm_gbs", "value": 3000.0}]
+        if where == "study/b":  # the one calibration of the kind with the DTensor dispatch measured
+            rows.append({"name": "tp_linear_us", "value": 400.0})
         path.write_text(json.dumps({"machine": {"gpu": {"gpus": [{"name": gpu}]}}, "rows": rows}))
 
     h100 = "NVIDIA H100 80GB HBM3"
     for where, gpu, launch in [("calibration/h100", h100, 10.0), ("study/a", h100, 6.0), ("study/b", h100, 7.0),
                                ("study/c", h100, None), ("study/h200", "NVIDIA H200", 1.0)]:
         calibration(where, gpu, launch)
-    assert st.kind_launch_costs(tmp_path, h100) == {"launch_us[0]": 7.0}  # of 6, 7 and 10
+    assert st.kind_host_costs(tmp_path, h100) == {"launch_us[0]": 7.0, "tp_linear_us": 400.0}  # of 6, 7 and 10
     seen = {}
 
     def rates_of(calibration: dict) -> dict:
@@ -286,7 +296,7 @@ def test_a_set_without_its_own_launch_cost_takes_the_median_of_its_kinds_machine
         bench_st.rates_for({"device_name": h100, "set": "study/none"}, tmp_path, {})
         assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0
         bench_st.rates_for({"device_name": h100, "set": "study/a"}, tmp_path, {})
-        assert seen["launch_us[0]"] == 6.0
+        assert seen["launch_us[0]"] == 6.0 and seen["tp_linear_us"] == 400.0
         st.load_rates(tmp_path / "calibration/h100/calibration.json")
         assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0  # the kind's median, not its file's 10
         st.load_rates(tmp_path / "study/a/calibration/calibration.json")

@@ -7,8 +7,8 @@ only, its error on the others (held out), every row listed.
 Each row's rates come from the closest measurement: the GEMM and attention curves and the device copy bandwidth of
 its GPU kind (results/calibration/<kind>/, measured once per kind), the launch cost and bus bandwidths of the set's
 own calibration where it has one (its machine); else the bus bandwidths of the kind's and the launch cost every
-committed calibration of the kind measured, their median (plan.step_time.kind_launch_costs: machines of one kind
-launch at 6-10 µs, the kind's own file holds one machine). Compared: the predicted step time against the row's
+committed calibration of the kind measured, their median (plan.step_time.kind_host_costs: machines of one kind
+launch at 6-10 µs, the kind's own file holds one machine; so is the DTensor dispatch per tensor-parallel linear). Compared: the predicted step time against the row's
 median step time (`step_time_median_s`). Prints a markdown table; --out writes it and the rows as CSV.
 """
 from __future__ import annotations
@@ -50,11 +50,11 @@ def committed_rows(results: Path) -> pd.DataFrame:
 
 
 def merged_calibration(kind: dict, own: dict | None) -> dict:
-    """The kind's calibration with the set's own rows for what depends on the machine (launch cost, collectives)."""
+    """The kind's calibration with the set's own rows for what depends on the machine (host costs, collectives)."""
     if not own:
         return kind
     mine = {r["name"]: r for r in own["rows"] if r["value"] is not None and
-            (r["name"].startswith("launch_us[") or "_busbw[" in r["name"])}
+            (st.host_row(r["name"]) or "_busbw[" in r["name"])}
     rows = [mine.pop(r["name"], r) for r in kind["rows"]] + list(mine.values())
     return {**kind, "rows": rows}
 
@@ -64,7 +64,7 @@ def rates_for(row, results: Path, cache: dict) -> st.Rates:
     key = (row["device_name"], str(own_path))
     if key not in cache:
         kind = json.loads((results / "calibration" / KINDS[row["device_name"]] / "calibration.json").read_text())
-        kind = st.with_kind_launch_cost(kind, results)
+        kind = st.with_kind_host_costs(kind, results)
         own = json.loads(own_path.read_text()) if own_path.exists() else None
         same = [json.loads(p.read_text()) for p in sorted((results / "calibration").glob("*/calibration.json"))]
         for other in same:  # collectives measured on another machine of the kind (no set of its own has them)

@@ -15,6 +15,9 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
                          host's time per eager kernel launch (a one-element add), microseconds (host-bound GPU runs
                          follow it: plan/bound.py);
 - per GPU: hbm_copy      device-to-device copy of 1 GiB, GB/s read + written (memory-bound work: plan/step_time.py);
+- tp_linear_us           the host's time per tensor-parallel linear, forward + backward, beyond a plain one's:
+                         DTensor's dispatch, microseconds (GPU 0, a one-rank mesh; eager tensor parallelism's host
+                         term in plan/step_time.py);
 - curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and causal SDPA
                          forward + backward TFLOP/s over sequence x head dimension: the step-time model's rates;
 - per world size n > 1 on one node: all_reduce and all_gather bus bandwidth (nccl-tests convention: all-reduce
@@ -40,6 +43,7 @@ GEMM_M = (2048, 8192, 32768)  # tokens of a micro-batch on one device
 GEMM_KN = (768, 2048, 4096, 8192, 65536)  # hidden, MLP and vocabulary widths
 SDPA_SEQ = (512, 1024, 2048, 4096)
 SDPA_HEAD_DIM = (64, 128)
+TP_WIDTH, TP_TOKENS, TP_PAIRS = 256, 128, 50  # small linears: the host sets their pace, not the GPU
 
 
 def timed(fn, rounds: int, best: bool = False) -> float:
@@ -199,12 +203,51 @@ def gpu_rows(rounds: int) -> list[dict]:
 
     if not torch.cuda.is_available():
         return [row(n, None, u, "not applicable (cpu)") for n, u in
-                (("matmul_bf16", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"))]
+                (("matmul_bf16", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"), ("tp_linear_us", "us"))]
     out = []
     for i in range(torch.cuda.device_count()):
         out += one_gpu(i, rounds)
         torch.cuda.empty_cache()
-    return out
+    return out + [tp_linear_row(rounds)]
+
+
+def tp_linear_row(rounds: int) -> dict:
+    """The host's cost of one tensor-parallel linear beyond a plain one's: forward and backward of a ColwiseParallel
+    and a RowwiseParallel linear (parallel/tensor.py's split) on a one-rank DTensor mesh of GPU 0, less the same two
+    as plain linears, per linear. Its own one-rank process group where the process has none (a study's calibrate
+    job)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    dev = torch.device("cuda", 0)
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=dev)
+    try:
+        def pair():
+            return torch.nn.Sequential(torch.nn.Linear(TP_WIDTH, 4 * TP_WIDTH, bias=False),
+                                       torch.nn.Linear(4 * TP_WIDTH, TP_WIDTH, bias=False)).to(dev)
+
+        plain, split = pair(), pair()
+        parallelize_module(split, init_device_mesh("cuda", (1,)), {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        x = torch.randn(TP_TOKENS, TP_WIDTH, device=dev)
+
+        def pairs(m):
+            def run():
+                for _ in range(TP_PAIRS):
+                    m(x).sum().backward()
+                torch.cuda.synchronize(dev)
+            return run
+
+        extra = timed(pairs(split), rounds, best=True) - timed(pairs(plain), rounds, best=True)
+    finally:
+        if own:
+            dist.destroy_process_group()
+    return row("tp_linear_us", 1e6 * extra / (2 * TP_PAIRS), "us",
+               "DTensor colwise + rowwise linear, forward + backward, less plain ones, per linear; one-rank mesh, "
+               "fastest round")
 
 
 def collective_rows(world: int, platform: str, rounds: int) -> list[dict]:

@@ -20,7 +20,8 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
              tensor, counted on the model built on the meta device), the gather and reduce hooks a micro-batch:
              FSDP2's HOOK_OPS per layer (once where one unit holds the whole model: Strategy.hooks_per_block),
-             DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart);
+             DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart); eager
+             tensor parallelism's DTensor dispatch, per parallel linear of a block at the calibrated `tp_linear_us`;
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
              (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
              engine overlaps with the backward (DDP's buckets, FSDP2's prefetch; DeepSpeed ZeRO-1/2 do not
@@ -79,6 +80,7 @@ class Rates:
     h2d: float | None = None
     d2h: float | None = None
     cpu_adam_ms: float | None = None  # AdamW step over 10 M fp32 parameters on the host
+    tp_linear_us: float | None = None  # a tensor-parallel linear's DTensor dispatch, forward + backward, on the host
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
@@ -110,6 +112,7 @@ class Rates:
                    hbm=first("hbm_copy["), launch_us=first("launch_us["),
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
+                   tp_linear_us=rows.get("tp_linear_us"),
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
                                None))
 
@@ -120,11 +123,16 @@ def machine_gpu(calibration: dict) -> str | None:
     return gpus[0].get("name")
 
 
+def host_row(name: str) -> bool:
+    """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch)."""
+    return name.startswith("launch_us[") or name == "tp_linear_us"
+
+
 @lru_cache(maxsize=None)
-def kind_launch_costs(results: Path, device_name: str) -> dict:
-    """Per launch-cost row (`launch_us[...]`), the median over every committed calibration measured on this GPU kind
-    (the study sets' and the kind's own, results/calibration/<kind>/): the launch cost of a machine of the kind that
-    no calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one machine)."""
+def kind_host_costs(results: Path, device_name: str) -> dict:
+    """Per host-cost row (host_row), the median over every committed calibration measured on this GPU kind (the
+    study sets' and the kind's own, results/calibration/<kind>*/): the host costs of a machine of the kind that no
+    calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one machine)."""
     import statistics
 
     from workflow_scripts import columns as C
@@ -136,25 +144,28 @@ def kind_launch_costs(results: Path, device_name: str) -> dict:
         if machine_gpu(calibration) != device_name:
             continue
         for r in calibration["rows"]:
-            if r["name"].startswith("launch_us[") and r["value"] is not None:
+            if host_row(r["name"]) and r["value"] is not None:
                 values.setdefault(r["name"], []).append(float(r["value"]))
     return {name: statistics.median(v) for name, v in values.items()}
 
 
-def with_kind_launch_cost(calibration: dict, results: Path) -> dict:
-    """A kind's calibration with the launch cost of the kind's machines (kind_launch_costs) for its own."""
-    launch = kind_launch_costs(Path(results), machine_gpu(calibration))
-    return {**calibration, "rows": [{**r, "value": launch.get(r["name"], r["value"])} for r in calibration["rows"]]}
+def with_kind_host_costs(calibration: dict, results: Path) -> dict:
+    """A kind's calibration with the host costs of the kind's machines (kind_host_costs) for its own, and those
+    it did not measure (a calibration older than the row)."""
+    host = dict(kind_host_costs(Path(results), machine_gpu(calibration)))
+    rows = [{**r, "value": host.pop(r["name"], r["value"])} for r in calibration["rows"]]
+    return {**calibration, "rows": rows + [{"name": k, "value": v, "unit": "us", "detail": "the kind's median"}
+                                           for k, v in sorted(host.items()) if "[" not in k]}
 
 
 def load_rates(path) -> Rates:
     """A calibration's rates (Rates.load). A GPU kind's committed file (results/calibration/<kind>/calibration.json,
     what plan.calibration names to plan for a kind, and the published and simulated predictions use) stands for any
-    machine of the kind: its launch cost is the kind's median (kind_launch_costs), the rest its own."""
+    machine of the kind: its host costs are the kind's medians (kind_host_costs), the rest its own."""
     path = Path(path)
     if path.parent.parent.name != "calibration" or path.name != "calibration.json":
         return Rates.load(path)
-    return Rates.load(path, lambda calibration: with_kind_launch_cost(calibration, path.parent.parent.parent))
+    return Rates.load(path, lambda calibration: with_kind_host_costs(calibration, path.parent.parent.parent))
 
 
 @lru_cache(maxsize=65536)
@@ -340,12 +351,24 @@ def replayed_forward(run: Run) -> float:
     return 0.5
 
 
+def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
+    """A micro-batch's DTensor dispatch on the host: eager tensor parallelism runs each parallel linear of a block
+    (parallel/tensor.py's BLOCK_PLAN) through DTensor's Python, forward and backward, at the calibrated cost per
+    linear (`tp_linear_us`; none where the calibration has none). Compiled blocks trace it away."""
+    from workflow_scripts.training.parallel.tensor import BLOCK_PLAN
+
+    if degree(run, "tp") == 1 or run.levers != "eager" or rates.tp_linear_us is None:
+        return 0.0
+    return len(BLOCK_PLAN) * layers * rates.tp_linear_us * 1e-6
+
+
 def host_seconds(run: Run, rates: Rates) -> float:
     layers = run.shape.n_layer / degree(run, "pp")
     hooks = hook_ops(run, layers)
     per_micro = HOST_OPS[run.levers] * (1.0 + replayed_forward(run)) * layers + hooks + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
-    return (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
+    launches = (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
+    return launches + run.accum * dtensor_seconds(run, rates, layers)
 
 
 COLLECTIVE_RATE = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "all_gather",

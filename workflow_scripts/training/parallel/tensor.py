@@ -24,13 +24,17 @@ if TYPE_CHECKING:  # annotations only: the module is read by every Snakefile par
 FAMILIES = ("qwen2",)
 
 
+# each block's parallel linears and how each is split (the step-time model counts their DTensor dispatches)
+BLOCK_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+              "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+              "mlp.down_proj": "rowwise"}
+
+
 def block_plan() -> dict:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel()}
+    style = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    return {name: style[split]() for name, split in BLOCK_PLAN.items()}
 
 
 def apply(model: nn.Module, ctx, family: str) -> None:
