@@ -8,8 +8,9 @@ Each row's rates come from the closest measurement: the GEMM and attention curve
 its GPU kind (results/calibration/<kind>/, measured once per kind), the launch cost and bus bandwidths of the set's
 own calibration where it has one (its machine); else the bus bandwidths of the kind's and the launch cost every
 committed calibration of the kind measured, their median (plan.step_time.kind_host_costs: machines of one kind
-launch at 6-10 µs, the kind's own file holds one machine; so is the DTensor dispatch per tensor-parallel linear). Compared: the predicted step time against the row's
-median step time (`step_time_median_s`). Prints a markdown table; --out writes it and the rows as CSV.
+launch at 6-10 µs, the kind's own file holds one machine), and so for the DTensor dispatch of a tensor-parallel
+linear. Compared: the predicted step time against the row's median step time (`step_time_median_s`). Prints a
+markdown table; --out writes it and the rows as CSV.
 """
 from __future__ import annotations
 

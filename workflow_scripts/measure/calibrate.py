@@ -242,6 +242,8 @@ def tp_linear_row(rounds: int) -> dict:
             return run
 
         extra = timed(pairs(split), rounds, best=True) - timed(pairs(plain), rounds, best=True)
+    except (RuntimeError, ValueError) as exc:  # the rest of the calibration stands without this row
+        return row("tp_linear_us", None, "us", f"failed: {str(exc).strip().splitlines()[-1:]}")
     finally:
         if own:
             dist.destroy_process_group()
