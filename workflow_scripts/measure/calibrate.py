@@ -219,9 +219,7 @@ def tp_linear_row(rounds: int) -> dict:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    from workflow_scripts.training.parallel.tensor import split_style
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     dev = torch.device("cuda", 0)
     own = not dist.is_initialized()
@@ -233,8 +231,7 @@ def tp_linear_row(rounds: int) -> dict:
                                        torch.nn.Linear(4 * TP_WIDTH, TP_WIDTH, bias=False)).to(dev)
 
         plain, split = pair(), pair()
-        parallelize_module(split, init_device_mesh("cuda", (1,)),
-                           {"0": split_style("colwise"), "1": split_style("rowwise")})
+        parallelize_module(split, init_device_mesh("cuda", (1,)), {"0": ColwiseParallel(), "1": RowwiseParallel()})
         x = torch.randn(TP_TOKENS, TP_WIDTH, device=dev)
 
         def pairs(m):

@@ -30,15 +30,11 @@ BLOCK_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "sel
               "mlp.down_proj": "rowwise"}
 
 
-def split_style(split: str):
-    """torch's parallel style for one of BLOCK_PLAN's splits (also what calibrate times: measure/calibrate.py)."""
+def block_plan() -> dict:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}[split]()
-
-
-def block_plan() -> dict:
-    return {name: split_style(split) for name, split in BLOCK_PLAN.items()}
+    style = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    return {name: style[split]() for name, split in BLOCK_PLAN.items()}
 
 
 def apply(model: nn.Module, ctx, family: str) -> None:
