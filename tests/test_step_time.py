@@ -103,6 +103,10 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     assert st.host_seconds(full, flat_rates()) - st.host_seconds(plain, flat_rates()) == pytest.approx(
         0.5 * st.HOST_OPS["blocks"] * 10e-6)
     assert st.host_seconds(inside, flat_rates()) == st.host_seconds(plain, flat_rates())
+    # ... and, sharded, gathers its parameters again: ZeRO-3's hooks replayed with the forward
+    plain, full = (gpt2_run(shape=deep, family="deepspeed", zero_stage=3, checkpointing=c) for c in (False, True))
+    assert st.host_seconds(full, flat_rates()) - st.host_seconds(plain, flat_rates()) == pytest.approx(
+        0.5 * (4 * st.HOST_OPS["eager"] + 16 * st.HOOK_OPS["zero3"]) * 10e-6)
     selective = st.run_for(layout={"dp": 1}, **{**plan, "train": {"gradient_checkpointing": "selective"}})
     assert selective.selective and selective.matmuls_recomputed == 0.0
     # eager tensor parallelism: each parallel linear of a block (7 in parallel/tensor.py) through DTensor's

@@ -3,6 +3,8 @@ only, its error on the others (held out), every row listed.
 
     python -m workflow_scripts.bench.step_time            # the held-out test with the committed constants
     python -m workflow_scripts.bench.step_time --fit      # refit the constants on the one-GPU sets, then the test
+    python -m workflow_scripts.bench.step_time --fit --same-sets   # refit on the sets the last fit named only
+                                                                  # (the later one-GPU sets stay a prospective test)
 
 Each row's rates come from the closest measurement: the GEMM and attention curves and the device copy bandwidth of
 its GPU kind (results/calibration/<kind>/, measured once per kind), the launch cost and bus bandwidths of the set's
@@ -172,12 +174,14 @@ def held_out(frame: pd.DataFrame) -> pd.Series:
 STARTS = (0.25, 0.5, 0.75)
 
 
-def fit(rows: pd.DataFrame, runs: list, results: Path) -> dict:
-    """The constants minimising the mean |log(predicted / measured)| over the one-GPU H100 rows: a bounded Powell
-    search from each of STARTS, the best kept."""
+def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) -> dict:
+    """The constants minimising the mean |log(predicted / measured)| over the one-GPU H100 rows (`same_sets`: of the
+    sets the committed fit names): a bounded Powell search from each of STARTS, the best kept."""
     from scipy.optimize import minimize
 
     train = fit_class(pd.DataFrame({"gpus": rows["world_size"].astype(int).values, "set": rows["set"].values}))
+    if same_sets:
+        train &= ~held_out(rows).values
     rows, runs = rows[train.values], [r for r, t in zip(runs, train.values) if t]
     levers = {r.levers for r in runs}
     hooks = {st.sharding(r) for r in runs}
@@ -250,12 +254,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default="results")
     ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--same-sets", action="store_true", help="with --fit: only the sets step_time_fit.json names")
     ap.add_argument("--out", help="a folder for step_time.md / .csv and traced_parts.md / .csv")
     a = ap.parse_args(argv)
     results = Path(a.results)
     rows, runs, skipped = runs_of(committed_rows(results))
     if a.fit:
-        result = fit(rows, runs, results)
+        result = fit(rows, runs, results, a.same_sets)
         write_fit(result)
         print(json.dumps(result["constants"], indent=1))
     frame = predictions(rows, runs, results)

@@ -20,7 +20,8 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
              tensor, counted on the model built on the meta device), the gather and reduce hooks a micro-batch:
              FSDP2's HOOK_OPS per layer (once where one unit holds the whole model: Strategy.hooks_per_block),
-             DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart); eager
+             DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart), again
+             where a block's forward is recomputed from the host; eager
              tensor parallelism's DTensor dispatch, per parallel linear of a block at the calibrated `tp_linear_us`;
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
              (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
@@ -301,6 +302,11 @@ def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
     return tokens * (per_token + loss) / (rates.hbm * GB)
 
 
+def block_launches(run: Run) -> float:
+    """The launches of a micro-batch's blocks (HOST_OPS per layer; a recomputed forward again)."""
+    return HOST_OPS[run.levers] * (1.0 + replayed_forward(run)) * run.shape.n_layer / degree(run, "pp")
+
+
 def local_params(run: Run) -> float:
     """The parameters this rank updates: its pipeline stage and tensor shard, sharded over dp by ZeRO-1+ / FSDP."""
     p = run.trainable / (degree(run, "pp") * degree(run, "tp"))
@@ -364,8 +370,8 @@ def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
 
 def host_seconds(run: Run, rates: Rates) -> float:
     layers = run.shape.n_layer / degree(run, "pp")
-    hooks = hook_ops(run, layers)
-    per_micro = HOST_OPS[run.levers] * (1.0 + replayed_forward(run)) * layers + hooks + FIXED_OPS
+    # a recomputed block's forward gathers its parameters again (FSDP2's and ZeRO-3's pre-forward hooks)
+    per_micro = block_launches(run) + hook_ops(run, layers) * (1.0 + replayed_forward(run)) + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     launches = (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
     return launches + run.accum * dtensor_seconds(run, rates, layers)
