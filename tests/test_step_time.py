@@ -116,6 +116,14 @@ def test_host_term_is_launches_at_the_calibrated_cost():
         2 * 7 * 2 * 500e-6)
     compiled = gpt2_run(shape=deep, levers="blocks", layout={"dp": 1, "tp": 2})
     assert st.host_seconds(compiled, flat_rates(tp_linear_us=500.0)) == st.host_seconds(compiled, flat_rates())
+    # eager ZeRO-3's hooks at the calibrated cost per parameter tensor (16 here) and micro-batch, in place of the
+    # fitted launches; compiled leaf blocks keep theirs
+    z3, z3_blocks = (gpt2_run(shape=deep, accum=2, family="deepspeed", zero_stage=3, levers=lv)
+                     for lv in ("eager", "blocks"))
+    calibrated = flat_rates(zero3_tensor_us=800.0)
+    assert st.host_seconds(z3, calibrated) - st.host_seconds(z3, flat_rates()) == pytest.approx(
+        2 * 16 * (800e-6 - st.HOOK_OPS["zero3"] * 10e-6))
+    assert st.host_seconds(z3_blocks, calibrated) == st.host_seconds(z3_blocks, flat_rates())
 
 
 def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():

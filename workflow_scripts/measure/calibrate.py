@@ -18,6 +18,9 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - tp_linear_us           the host's time per tensor-parallel linear, forward + backward, beyond a plain one's:
                          DTensor's dispatch, microseconds (GPU 0, a one-rank mesh; eager tensor parallelism's host
                          term in plan/step_time.py);
+- zero3_tensor_us        the host's time per parameter tensor and step of a one-rank DeepSpeed ZeRO-3 engine beyond
+                         plain torch's, microseconds (GPU 0; eager ZeRO-3's hook term in plan/step_time.py; None
+                         where DeepSpeed is missing);
 - curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and causal SDPA
                          forward + backward TFLOP/s over sequence x head dimension: the step-time model's rates;
 - per world size n > 1 on one node: all_reduce and all_gather bus bandwidth (nccl-tests convention: all-reduce
@@ -28,6 +31,7 @@ check a pipeline, they time nothing worth explaining; the calibration there take
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -44,6 +48,7 @@ GEMM_KN = (768, 2048, 4096, 8192, 65536)  # hidden, MLP and vocabulary widths
 SDPA_SEQ = (512, 1024, 2048, 4096)
 SDPA_HEAD_DIM = (64, 128)
 TP_WIDTH, TP_TOKENS, TP_PAIRS = 256, 128, 50  # small linears: the host sets their pace, not the GPU
+ZERO3_LAYERS, ZERO3_STEPS = 48, 5  # a stack of small linears (96 parameter tensors) as a ZeRO-3 engine's model
 
 
 def timed(fn, rounds: int, best: bool = False) -> float:
@@ -203,12 +208,13 @@ def gpu_rows(rounds: int) -> list[dict]:
 
     if not torch.cuda.is_available():
         return [row(n, None, u, "not applicable (cpu)") for n, u in
-                (("matmul_bf16", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"), ("tp_linear_us", "us"))]
+                (("matmul_bf16", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"), ("tp_linear_us", "us"),
+                 ("zero3_tensor_us", "us"))]
     out = []
     for i in range(torch.cuda.device_count()):
         out += one_gpu(i, rounds)
         torch.cuda.empty_cache()
-    return out + [tp_linear_row(rounds)]
+    return out + [tp_linear_row(rounds), zero3_tensor_row(rounds)]
 
 
 def tp_linear_row(rounds: int) -> dict:
@@ -217,39 +223,107 @@ def tp_linear_row(rounds: int) -> dict:
     as plain linears, per linear. Its own one-rank process group where the process has none (a study's calibrate
     job)."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     dev = torch.device("cuda", 0)
-    own = not dist.is_initialized()
-    if own:
-        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=dev)
     try:
         def pair():
             return torch.nn.Sequential(torch.nn.Linear(TP_WIDTH, 4 * TP_WIDTH, bias=False),
                                        torch.nn.Linear(4 * TP_WIDTH, TP_WIDTH, bias=False)).to(dev)
 
-        plain, split = pair(), pair()
-        parallelize_module(split, init_device_mesh("cuda", (1,)), {"0": ColwiseParallel(), "1": RowwiseParallel()})
-        x = torch.randn(TP_TOKENS, TP_WIDTH, device=dev)
+        with one_rank_group(dev):
+            plain, split = pair(), pair()
+            parallelize_module(split, init_device_mesh("cuda", (1,)), {"0": ColwiseParallel(), "1": RowwiseParallel()})
+            x = torch.randn(TP_TOKENS, TP_WIDTH, device=dev)
 
-        def pairs(m):
-            def run():
-                for _ in range(TP_PAIRS):
-                    m(x).sum().backward()
-                torch.cuda.synchronize(dev)
-            return run
+            def pairs(m):
+                def run():
+                    for _ in range(TP_PAIRS):
+                        m(x).sum().backward()
+                    torch.cuda.synchronize(dev)
+                return run
 
-        extra = timed(pairs(split), rounds, best=True) - timed(pairs(plain), rounds, best=True)
+            extra = timed(pairs(split), rounds, best=True) - timed(pairs(plain), rounds, best=True)
     except (RuntimeError, ValueError) as exc:  # the rest of the calibration stands without this row
         return row("tp_linear_us", None, "us", f"failed: {str(exc).strip().splitlines()[-1:]}")
-    finally:
-        if own:
-            dist.destroy_process_group()
     return row("tp_linear_us", 1e6 * extra / (2 * TP_PAIRS), "us",
                "DTensor colwise + rowwise linear, forward + backward, less plain ones, per linear; one-rank mesh, "
                "fastest round")
+
+
+@contextlib.contextmanager
+def one_rank_group(dev):
+    """A one-rank NCCL process group on `dev` where the process has none (a study's calibrate job), left after;
+    LOCAL_RANK set meanwhile where unset (DeepSpeed's engine asks for it)."""
+    import torch.distributed as dist
+
+    own = not dist.is_initialized()
+    set_rank = "LOCAL_RANK" not in os.environ
+    if own:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=dev)
+    if set_rank:
+        os.environ["LOCAL_RANK"] = "0"
+    try:
+        yield
+    finally:
+        if set_rank:
+            os.environ.pop("LOCAL_RANK", None)
+        if own:
+            dist.destroy_process_group()
+
+
+def zero3_tensor_row(rounds: int) -> dict:
+    """The host's cost of DeepSpeed ZeRO-3 per parameter tensor and step beyond plain torch: forward, backward and
+    optimizer step of a stack of small linears in a one-rank ZeRO-3 engine (the strategies' bf16-mixed JSON: DeepSpeed's
+    torch_autocast, torch's AdamW), less the same stack plain under autocast with the same optimizer, per parameter
+    tensor. Its gathers, releases and gradient reductions walk every tensor in Python (the host profile of
+    results/vit/h100-zero3-grad-check); what a launch costs does not price them (results/gpt2_tutorial/
+    h100-zero3-predicted). None with the reason where DeepSpeed is missing or fails."""
+    import torch
+
+    dev = torch.device("cuda", 0)
+    try:
+        import deepspeed
+
+        def stack():
+            return torch.nn.Sequential(*[torch.nn.Linear(TP_WIDTH, TP_WIDTH) for _ in range(ZERO3_LAYERS)]).to(dev)
+
+        x = torch.randn(TP_TOKENS, TP_WIDTH, device=dev)
+        plain = stack()
+        plain_opt = torch.optim.AdamW(plain.parameters(), fused=True)
+        with one_rank_group(dev):
+            model = stack()
+            engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), fused=True),
+                                              config={"train_micro_batch_size_per_gpu": 1,
+                                                      "zero_optimization": {"stage": 3},
+                                                      "zero_allow_untested_optimizer": True,
+                                                      "steps_per_print": 1_000_000_000,
+                                                      "torch_autocast": {"enabled": True, "dtype": "bfloat16",
+                                                                         "lower_precision_safe_modules": []}})
+
+            def zero3():
+                for _ in range(ZERO3_STEPS):
+                    engine.backward(engine(x).float().square().mean())
+                    engine.step()
+                torch.cuda.synchronize(dev)
+
+            def eager():
+                for _ in range(ZERO3_STEPS):
+                    with torch.autocast("cuda", torch.bfloat16):
+                        loss = plain(x).float().square().mean()
+                    loss.backward()
+                    plain_opt.step()
+                    plain_opt.zero_grad(set_to_none=True)
+                torch.cuda.synchronize(dev)
+
+            extra = timed(zero3, rounds, best=True) - timed(eager, rounds, best=True)
+            engine.destroy()
+    except (ImportError, RuntimeError, ValueError, AssertionError) as exc:  # the rest of the calibration stands
+        return row("zero3_tensor_us", None, "us", f"failed: {str(exc).strip().splitlines()[-1:]}")
+    return row("zero3_tensor_us", 1e6 * extra / (ZERO3_STEPS * 2 * ZERO3_LAYERS), "us",
+               "DeepSpeed ZeRO-3 forward + backward + step less plain torch's, per parameter tensor and step; "
+               "one-rank engine, fastest round")
 
 
 def collective_rows(world: int, platform: str, rounds: int) -> list[dict]:

@@ -82,6 +82,7 @@ class Rates:
     d2h: float | None = None
     cpu_adam_ms: float | None = None  # AdamW step over 10 M fp32 parameters on the host
     tp_linear_us: float | None = None  # a tensor-parallel linear's DTensor dispatch, forward + backward, on the host
+    zero3_tensor_us: float | None = None  # DeepSpeed ZeRO-3's host time per parameter tensor and step, beyond torch's
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
@@ -113,7 +114,7 @@ class Rates:
                    hbm=first("hbm_copy["), launch_us=first("launch_us["),
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
-                   tp_linear_us=rows.get("tp_linear_us"),
+                   tp_linear_us=rows.get("tp_linear_us"), zero3_tensor_us=rows.get("zero3_tensor_us"),
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
                                None))
 
@@ -125,8 +126,9 @@ def machine_gpu(calibration: dict) -> str | None:
 
 
 def host_row(name: str) -> bool:
-    """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch)."""
-    return name.startswith("launch_us[") or name == "tp_linear_us"
+    """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch,
+    ZeRO-3's per-tensor work)."""
+    return name.startswith("launch_us[") or name in ("tp_linear_us", "zero3_tensor_us")
 
 
 @lru_cache(maxsize=None)
@@ -335,16 +337,21 @@ def sharding(run: Run) -> str | None:
     return None
 
 
-def hook_ops(run: Run, layers: float) -> float:
+def hook_ops(run: Run, layers: float, rates: Rates) -> float:
     """Host launch-equivalents of a micro-batch's parameter hooks: FSDP2's per unit (each layer, or once where one
     unit holds the model), DeepSpeed ZeRO-3's per parameter tensor of the stage (its gather, release and
-    gradient-reduce walk every tensor in Python: the host profile in results/vit/h100-zero3-grad-check)."""
+    gradient-reduce walk every tensor in Python: the host profile in results/vit/h100-zero3-grad-check); eager
+    ZeRO-3's at the calibrated `zero3_tensor_us` where the calibration has it (a one-rank engine's forward, backward
+    and step: the step's share counted with every micro-batch), else the fitted launches."""
     key = sharding(run)
     if key is None:
         return 0.0
     if key == "fsdp":
         return HOOK_OPS[key] * (layers if run.hooks_per_block else 1.0)
-    return HOOK_OPS[key] * run.tensors / degree(run, "pp")
+    per_tensor = HOOK_OPS[key]
+    if key == "zero3" and rates.zero3_tensor_us is not None:
+        per_tensor = rates.zero3_tensor_us / rates.launch_us
+    return per_tensor * run.tensors / degree(run, "pp")
 
 
 def replayed_forward(run: Run) -> float:
@@ -371,7 +378,7 @@ def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
 def host_seconds(run: Run, rates: Rates) -> float:
     layers = run.shape.n_layer / degree(run, "pp")
     # a recomputed block's forward gathers its parameters again (FSDP2's and ZeRO-3's pre-forward hooks)
-    per_micro = block_launches(run) + hook_ops(run, layers) * (1.0 + replayed_forward(run)) + FIXED_OPS
+    per_micro = block_launches(run) + hook_ops(run, layers, rates) * (1.0 + replayed_forward(run)) + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     launches = (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
     return launches + run.accum * dtensor_seconds(run, rates, layers)
