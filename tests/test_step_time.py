@@ -297,6 +297,8 @@ def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines
                                ("study/c", h100, None), ("study/h200", "NVIDIA H200", 1.0)]:
         calibration(where, gpu, launch)
     assert st.kind_host_costs(tmp_path, h100) == {"launch_us[0]": 7.0, "tp_linear_us": 400.0}  # of 6, 7 and 10
+    # a host cost the kind never measured comes from every kind's calibrations; a per-GPU launch cost never does
+    assert st.kind_host_costs(tmp_path, "NVIDIA H200") == {"launch_us[0]": 1.0, "tp_linear_us": 400.0}
     seen = {}
 
     def rates_of(calibration: dict) -> dict:

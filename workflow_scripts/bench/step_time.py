@@ -184,7 +184,13 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
         train &= ~held_out(rows).values
     rows, runs = rows[train.values], [r for r, t in zip(runs, train.values) if t]
     levers = {r.levers for r in runs}
-    hooks = {st.sharding(r) for r in runs}
+    cache: dict = {}
+    cases = [(run, rates_for(row, results, cache), float(row["step_time_median_s"]))
+             for (_, row), run in zip(rows.iterrows(), runs)]
+    # eager ZeRO-3's hooks are priced at a calibration's zero3_tensor_us where it has one: the fitted launches only
+    # stand in where none has
+    hooks = {st.sharding(r) for r, rates, _ in cases
+             if not (st.sharding(r) == "zero3" and rates.zero3_tensor_us is not None)}
     losses = {"compiled" if r.compile_loss else "eager" for r in runs}
     # only what the one-GPU rows exercise is fitted; the rest keeps its stated value
     keys = [("MEMORY_BYTES", k) for k in st.MEMORY_BYTES if k in levers or k == "model" and "graphs" in levers] + \
@@ -199,10 +205,6 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
                 setattr(st, name, math.exp(value))
             else:
                 getattr(st, name)[key] = math.exp(value)
-
-    cache: dict = {}
-    cases = [(run, rates_for(row, results, cache), float(row["step_time_median_s"]))
-             for (_, row), run in zip(rows.iterrows(), runs)]
 
     def loss(x):
         assign(x)

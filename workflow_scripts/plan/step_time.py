@@ -20,8 +20,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
              tensor, counted on the model built on the meta device), the gather and reduce hooks a micro-batch:
              FSDP2's HOOK_OPS per layer (once where one unit holds the whole model: Strategy.hooks_per_block),
-             DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart), again
-             where a block's forward is recomputed from the host; eager
+             DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart, the
+             eager ones at the calibrated `zero3_tensor_us` where measured), again where a block's forward is
+             recomputed from the host; eager
              tensor parallelism's DTensor dispatch, per parallel linear of a block at the calibrated `tp_linear_us`;
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
              (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
@@ -135,21 +136,26 @@ def host_row(name: str) -> bool:
 def kind_host_costs(results: Path, device_name: str) -> dict:
     """Per host-cost row (host_row), the median over every committed calibration measured on this GPU kind (the
     study sets' and the kind's own, results/calibration/<kind>*/): the host costs of a machine of the kind that no
-    calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one machine)."""
+    calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one machine). A
+    host cost no calibration of the kind measured (ZeRO-3's per tensor, measured on H100s only) takes the median
+    over every GPU kind's: it is the host's Python, beside whichever GPU."""
     import statistics
 
     from workflow_scripts import columns as C
 
-    values: dict = {}
+    mine: dict = {}
+    every: dict = {}
     kinds = sorted((results / "calibration").glob("*/calibration.json"))
     for path in kinds + sorted(results.glob(f"**/{C.CALIBRATION}")):
         calibration = json.loads(path.read_text())
-        if machine_gpu(calibration) != device_name:
-            continue
+        gpu = machine_gpu(calibration)
         for r in calibration["rows"]:
-            if host_row(r["name"]) and r["value"] is not None:
-                values.setdefault(r["name"], []).append(float(r["value"]))
-    return {name: statistics.median(v) for name, v in values.items()}
+            if gpu and host_row(r["name"]) and r["value"] is not None:
+                every.setdefault(r["name"], []).append(float(r["value"]))
+                if gpu == device_name:
+                    mine.setdefault(r["name"], []).append(float(r["value"]))
+    return {name: statistics.median(mine.get(name) or v) for name, v in every.items()
+            if name in mine or "[" not in name}
 
 
 def with_kind_host_costs(calibration: dict, results: Path) -> dict:
