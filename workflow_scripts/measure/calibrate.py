@@ -47,7 +47,8 @@ GEMM_M = (2048, 8192, 32768)  # tokens of a micro-batch on one device
 GEMM_KN = (768, 2048, 4096, 8192, 65536)  # hidden, MLP and vocabulary widths
 SDPA_SEQ = (512, 1024, 2048, 4096)
 SDPA_HEAD_DIM = (64, 128)
-TP_WIDTH, TP_TOKENS, TP_PAIRS = 256, 128, 50  # small linears: the host sets their pace, not the GPU
+HOST_WIDTH, HOST_TOKENS = 256, 128  # small linears: the host sets their pace, not the GPU (the host-cost rows)
+TP_PAIRS = 50
 ZERO3_LAYERS, ZERO3_STEPS = 48, 5  # a stack of small linears (96 parameter tensors) as a ZeRO-3 engine's model
 
 
@@ -229,13 +230,13 @@ def tp_linear_row(rounds: int) -> dict:
     dev = torch.device("cuda", 0)
     try:
         def pair():
-            return torch.nn.Sequential(torch.nn.Linear(TP_WIDTH, 4 * TP_WIDTH, bias=False),
-                                       torch.nn.Linear(4 * TP_WIDTH, TP_WIDTH, bias=False)).to(dev)
+            return torch.nn.Sequential(torch.nn.Linear(HOST_WIDTH, 4 * HOST_WIDTH, bias=False),
+                                       torch.nn.Linear(4 * HOST_WIDTH, HOST_WIDTH, bias=False)).to(dev)
 
         with one_rank_group(dev):
             plain, split = pair(), pair()
             parallelize_module(split, init_device_mesh("cuda", (1,)), {"0": ColwiseParallel(), "1": RowwiseParallel()})
-            x = torch.randn(TP_TOKENS, TP_WIDTH, device=dev)
+            x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)
 
             def pairs(m):
                 def run():
@@ -287,9 +288,9 @@ def zero3_tensor_row(rounds: int) -> dict:
         import deepspeed
 
         def stack():
-            return torch.nn.Sequential(*[torch.nn.Linear(TP_WIDTH, TP_WIDTH) for _ in range(ZERO3_LAYERS)]).to(dev)
+            return torch.nn.Sequential(*[torch.nn.Linear(HOST_WIDTH, HOST_WIDTH) for _ in range(ZERO3_LAYERS)]).to(dev)
 
-        x = torch.randn(TP_TOKENS, TP_WIDTH, device=dev)
+        x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)
         plain = stack()
         plain_opt = torch.optim.AdamW(plain.parameters(), fused=True)
         with one_rank_group(dev):

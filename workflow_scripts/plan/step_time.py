@@ -137,8 +137,8 @@ def kind_host_costs(results: Path, device_name: str) -> dict:
     """Per host-cost row (host_row), the median over every committed calibration measured on this GPU kind (the
     study sets' and the kind's own, results/calibration/<kind>*/): the host costs of a machine of the kind that no
     calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one machine). A
-    host cost no calibration of the kind measured (ZeRO-3's per tensor, measured on H100s only) takes the median
-    over every GPU kind's: it is the host's Python, beside whichever GPU."""
+    host cost no calibration of the kind measured (a row newer than its calibrations) takes the median over every
+    GPU kind's: it is the host's Python, beside whichever GPU; a per-GPU one (launch_us[i]) never does."""
     import statistics
 
     from workflow_scripts import columns as C
@@ -310,11 +310,6 @@ def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
     return tokens * (per_token + loss) / (rates.hbm * GB)
 
 
-def block_launches(run: Run) -> float:
-    """The launches of a micro-batch's blocks (HOST_OPS per layer; a recomputed forward again)."""
-    return HOST_OPS[run.levers] * (1.0 + replayed_forward(run)) * run.shape.n_layer / degree(run, "pp")
-
-
 def local_params(run: Run) -> float:
     """The parameters this rank updates: its pipeline stage and tensor shard, sharded over dp by ZeRO-1+ / FSDP."""
     p = run.trainable / (degree(run, "pp") * degree(run, "tp"))
@@ -383,8 +378,9 @@ def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
 
 def host_seconds(run: Run, rates: Rates) -> float:
     layers = run.shape.n_layer / degree(run, "pp")
-    # a recomputed block's forward gathers its parameters again (FSDP2's and ZeRO-3's pre-forward hooks)
-    per_micro = block_launches(run) + hook_ops(run, layers, rates) * (1.0 + replayed_forward(run)) + FIXED_OPS
+    # a recomputed block's forward is launched again and gathers its parameters again (the pre-forward hooks)
+    blocks = HOST_OPS[run.levers] * layers + hook_ops(run, layers, rates)
+    per_micro = blocks * (1.0 + replayed_forward(run)) + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     launches = (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
     return launches + run.accum * dtensor_seconds(run, rates, layers)
