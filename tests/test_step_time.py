@@ -15,7 +15,7 @@ GRID = (1, 10**6)
 
 def flat_rates(**kw) -> st.Rates:
     matmul = tuple((m, k, n, 100.0) for m in GRID for k in GRID for n in GRID)
-    sdpa = tuple((s, e, 50.0) for s in GRID for e in GRID)
+    sdpa = tuple((True, s, e, 50.0) for s in GRID for e in GRID)  # causal only: a full mask takes its rate
     return st.Rates(matmul=matmul, sdpa=sdpa, hbm=1000.0, launch_us=10.0,
                     busbw={("all_reduce", 2): ((1.0, 100.0), (1e12, 100.0)),
                            ("all_gather", 2): ((1.0, 100.0), (1e12, 100.0))}, **kw)
@@ -55,10 +55,16 @@ def test_gemm_term_counts_forward_and_both_gradients_of_every_matmul():
     assert st.gemm_seconds(half, flat_rates(), 32) == pytest.approx((3 * per_token + blocks / 2) * 32 / 100e12)
 
 
-def test_attention_term_is_causal_sdpa_forward_and_backward():
-    # 4 heads of 16, sequence 32: 4 s^2 h e / 2 forward, 3.5x that forward + backward
+def test_attention_term_is_sdpa_forward_and_backward_at_its_masks_rate():
+    # 4 heads of 16, sequence 32: 4 s^2 h e / 2 forward (causal), 3.5x that forward + backward
     flops = 3.5 * 4 * 1 * 4 * 32 * 32 * 16 / 2
     assert st.attention_seconds(gpt2_run(), flat_rates(), 1) == pytest.approx(flops / 50e12)
+    vit = gpt2_run(shape=mm.Shape("vit", n_params=100_000, n_layer=1, d=64, ffn=256, kv=64, head_dim=16, vocab=10))
+    assert st.attention_seconds(vit, flat_rates(), 1) == pytest.approx(2 * flops / 50e12)  # full: the whole matrix
+    both = flat_rates()
+    both = st.Rates(**{**both.__dict__, "sdpa": both.sdpa + tuple((False, s, e, 100.0) for s in GRID for e in GRID)})
+    assert st.attention_seconds(vit, both, 1) == pytest.approx(2 * flops / 100e12)  # at the full mask's own rate
+    assert st.attention_seconds(gpt2_run(), both, 1) == pytest.approx(flops / 50e12)
 
 
 def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth():
@@ -124,6 +130,12 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     assert st.host_seconds(z3, calibrated) - st.host_seconds(z3, flat_rates()) == pytest.approx(
         2 * 16 * (800e-6 - st.HOOK_OPS["zero3"] * 10e-6))
     assert st.host_seconds(z3_blocks, calibrated) == st.host_seconds(z3_blocks, flat_rates())
+    # and each module beyond the calibrated stack's share (49 / 96 a tensor) at the calibrated cost of a module:
+    # 30 modules over 16 tensors, 30 - 16 x 49 / 96 more than the stack had
+    with_modules = flat_rates(zero3_tensor_us=800.0, zero3_module_us=300.0)
+    z3m = gpt2_run(shape=deep, accum=2, family="deepspeed", zero_stage=3, modules=30)
+    assert st.host_seconds(z3m, with_modules) - st.host_seconds(z3m, calibrated) == pytest.approx(
+        2 * (30 - 16 * 49 / 96) * 300e-6)
 
 
 def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():
@@ -320,12 +332,15 @@ def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines
 def test_the_models_parts_are_set_beside_the_kernels_of_the_committed_traces():
     """bench.step_time.traced_parts: each committed set whose traces carry kernel classes gives one row per run, the
     model's parts beside the trace's kernels of the same class; on the device-bound DDP profile the GEMMs agree
-    within 15 %, and the memory part of compiled blocks is the short one (BENCHMARKS.md Part 6c)."""
+    within 20 % (the kind's file from another H100 than the trace's: 11 and 15 % slower on the two files so far)
+    and the attention within 10 % (the SDPA curve replayed from a CUDA graph), the memory part of compiled blocks
+    within 20 % (its constant's floor is the trace's: bench/step_time.BOUNDS; BENCHMARKS.md Part 6c)."""
     from workflow_scripts.bench import step_time as bench_st
 
     frame = bench_st.traced_parts(Path(__file__).parents[1] / "results").set_index(["set", "strategy"])
     ddp = frame.loc[("bench_harness/h100-ddp-profile-mb16", "ddp")]
-    assert abs(ddp["gemm_ms"] / ddp["gemm_trace_ms"] - 1) < 0.15
-    assert ddp["memory_ms"] < 0.5 * ddp["memory_trace_ms"]
+    assert abs(ddp["gemm_ms"] / ddp["gemm_trace_ms"] - 1) < 0.2
+    assert abs(ddp["attention_ms"] / ddp["attention_trace_ms"] - 1) < 0.1
+    assert abs(ddp["memory_ms"] / ddp["memory_trace_ms"] - 1) < 0.2
     assert ("vit/h200x2-zero3-traces", "zero3") in frame.index
     assert (frame[[f"{p}_trace_ms" for p in bench_st.TRACED_PARTS]] > 0).all().all()

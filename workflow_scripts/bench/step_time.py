@@ -27,9 +27,12 @@ from workflow_scripts import columns as C
 from workflow_scripts.plan import step_time as st
 
 KINDS = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200"}  # device name -> results/calibration/<kind>
-# what each constant may be (its physics): an eager block moves at least its activations once, the loss at least
-# its bf16 logits and their fp32 copy, a micro-batch issues at least its data copy, loss and timing marks
-BOUNDS = {"MEMORY_BYTES": (8, 1000), "LOSS_BYTES": (4, 64), "HOST_OPS": (1, 1000), "FIXED_OPS": (10, 500),
+# what each constant may be (its physics): a block, compiled or not, moves at least what the committed trace of
+# compiled GPT-2-medium blocks shows its kernels outside the matmuls move (bench_harness/h100-ddp-profile-mb16:
+# 36 bytes per token, layer and d + f; a fit left free went to 8-12, trading the device's bytes for the host's
+# overlap), the loss at least its bf16 logits and their fp32 copy, a micro-batch issues at least its data copy,
+# loss and timing marks
+BOUNDS = {"MEMORY_BYTES": (30, 1000), "LOSS_BYTES": (4, 64), "HOST_OPS": (1, 1000), "FIXED_OPS": (10, 500),
           "DS_OPS_PER_TENSOR": (1, 100), "HOOK_OPS": (1, 2000), "OVERLAP": (1, 16)}
 CONSTANTS = ("MEMORY_BYTES", "LOSS_BYTES", "HOST_OPS", "FIXED_OPS", "DS_OPS_PER_TENSOR", "HOOK_OPS", "OVERLAP")
 

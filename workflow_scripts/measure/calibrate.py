@@ -20,9 +20,10 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
                          term in plan/step_time.py);
 - zero3_tensor_us        the host's time per parameter tensor and step of a one-rank DeepSpeed ZeRO-3 engine beyond
                          plain torch's, microseconds (GPU 0; eager ZeRO-3's hook term in plan/step_time.py; None
-                         where DeepSpeed is missing);
-- curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and causal SDPA
-                         forward + backward TFLOP/s over sequence x head dimension: the step-time model's rates;
+                         where DeepSpeed is missing), and zero3_module_us, what each module adds (its hooks);
+- curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and SDPA
+                         forward + backward TFLOP/s over mask (causal, full) x sequence x head dimension, both
+                         replayed from CUDA graphs (the device's rates): the step-time model's rates;
 - per world size n > 1 on one node: all_reduce and all_gather bus bandwidth (nccl-tests convention: all-reduce
                          algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB, torchrun with n processes.
 On CPU the GPU and collective rows are present with value None and detail "not applicable (cpu)" (CPU studies
@@ -45,11 +46,12 @@ from workflow_scripts.units import GB, GIB, MB
 LAUNCHES = 20_000
 GEMM_M = (2048, 8192, 32768)  # tokens of a micro-batch on one device
 GEMM_KN = (768, 2048, 4096, 8192, 65536)  # hidden, MLP and vocabulary widths
-SDPA_SEQ = (512, 1024, 2048, 4096)
-SDPA_HEAD_DIM = (64, 128)
+SDPA_SEQ = (256, 512, 1024, 2048, 4096)  # a ViT's 197-257 patches to long language-model contexts
+SDPA_HEAD_DIM = (64, 80, 128)
 HOST_WIDTH, HOST_TOKENS = 256, 128  # small linears: the host sets their pace, not the GPU (the host-cost rows)
 TP_PAIRS = 50
 ZERO3_LAYERS, ZERO3_STEPS = 48, 5  # a stack of small linears (96 parameter tensors) as a ZeRO-3 engine's model
+ZERO3_STACK_MODULES_PER_TENSOR = (ZERO3_LAYERS + 1) / (2 * ZERO3_LAYERS)  # the bare stack's: its linears and root
 
 
 def timed(fn, rounds: int, best: bool = False) -> float:
@@ -158,40 +160,58 @@ def matmul_curve(rounds: int) -> list[dict]:
                 a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
                 reps = max(1, min(50, int(2e12 / (2 * m * k * n))))  # about 2 TFLOP a timing
-                a @ b  # cuBLAS picks its kernel (and workspace) before the capture
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):  # replayed: the kernels' time, not the host's launches
-                    for _ in range(reps):
-                        a @ b
-
-                def run():
-                    graph.replay()
-                    torch.cuda.synchronize()
-
-                out.append({"m": m, "k": k, "n": n, "tflops": reps * 2 * m * k * n / timed(run, rounds) / 1e12})
+                seconds = replayed_seconds(lambda a=a, b=b: a @ b, reps, rounds)
+                out.append({"m": m, "k": k, "n": n, "tflops": 2 * m * k * n / seconds / 1e12})
     return out
 
 
+def replayed_seconds(body, reps: int, rounds: int) -> float:
+    """Seconds of one body() on GPU 0's device: `reps` calls captured in a CUDA graph, the graph replayed (the
+    kernels' time, not the host's launches: those are the step-time model's host term). The body runs first on a
+    side stream, so that cuBLAS and autograd pick their kernels and workspaces before the capture."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            body()
+
+    def run():
+        graph.replay()
+        torch.cuda.synchronize()
+
+    return timed(run, rounds) / reps
+
+
 def sdpa_curve(rounds: int) -> list[dict]:
-    """Causal scaled-dot-product attention (the flash kernel), forward + backward, TFLOP/s on GPU 0 by sequence
-    length and head dimension, at 16 k tokens x 16 heads a call; FLOPs: 4 s^2 h e / 2 forward (causal), 2.5x that
-    backward."""
+    """Scaled-dot-product attention (the flash kernel), forward + input gradients, TFLOP/s of GPU 0's device by
+    mask (causal: a language model's; full: a ViT's), sequence length and head dimension, at 16 k tokens x 16 heads
+    a call, replayed from a CUDA graph; FLOPs: 4 s^2 h e forward (half of it causal), 2.5x that backward."""
     import torch
     import torch.nn.functional as F
 
     out = []
-    for seq in SDPA_SEQ:
-        for head_dim in SDPA_HEAD_DIM:
-            batch, heads = max(1, 16384 // seq), 16
-            q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16,
-                                   requires_grad=True) for _ in range(3))
+    for causal in (True, False):
+        for seq in SDPA_SEQ:
+            for head_dim in SDPA_HEAD_DIM:
+                batch, heads = max(1, 16384 // seq), 16
+                q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16,
+                                       requires_grad=True) for _ in range(3))
+                grad = torch.randn_like(q)
 
-            def run():
-                F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-                torch.cuda.synchronize()
+                def body(q=q, k=k, v=v, grad=grad, causal=causal):
+                    torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), grad)
 
-            flops = 3.5 * 4 * batch * heads * seq * seq * head_dim / 2
-            out.append({"seq": seq, "head_dim": head_dim, "tflops": flops / timed(run, rounds) / 1e12})
+                flops = 3.5 * 4 * batch * heads * seq * seq * head_dim / (2 if causal else 1)
+                reps = max(1, min(50, int(2e12 / flops)))
+                out.append({"causal": causal, "seq": seq, "head_dim": head_dim,
+                            "tflops": flops / replayed_seconds(body, reps, rounds) / 1e12})
     return out
 
 
@@ -210,12 +230,12 @@ def gpu_rows(rounds: int) -> list[dict]:
     if not torch.cuda.is_available():
         return [row(n, None, u, "not applicable (cpu)") for n, u in
                 (("matmul_bf16", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"), ("tp_linear_us", "us"),
-                 ("zero3_tensor_us", "us"))]
+                 ("zero3_tensor_us", "us"), ("zero3_module_us", "us"))]
     out = []
     for i in range(torch.cuda.device_count()):
         out += one_gpu(i, rounds)
         torch.cuda.empty_cache()
-    return out + [tp_linear_row(rounds), zero3_tensor_row(rounds)]
+    return out + [tp_linear_row(rounds), *zero3_host_rows(rounds)]
 
 
 def tp_linear_row(rounds: int) -> dict:
@@ -255,14 +275,16 @@ def tp_linear_row(rounds: int) -> dict:
 
 @contextlib.contextmanager
 def one_rank_group(dev):
-    """A one-rank NCCL process group on `dev` where the process has none (a study's calibrate job), left after;
+    """A one-rank process group on `dev` (NCCL; gloo on a CPU) where the process has none (a study's calibrate job), left after;
     LOCAL_RANK set meanwhile where unset (DeepSpeed's engine asks for it)."""
     import torch.distributed as dist
 
     own = not dist.is_initialized()
     set_rank = "LOCAL_RANK" not in os.environ
     if own:
-        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=dev)
+        cuda = dev.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=dev if cuda else None)
     if set_rank:
         os.environ["LOCAL_RANK"] = "0"
     try:
@@ -274,57 +296,74 @@ def one_rank_group(dev):
             dist.destroy_process_group()
 
 
-def zero3_tensor_row(rounds: int) -> dict:
-    """The host's cost of DeepSpeed ZeRO-3 per parameter tensor and step beyond plain torch: forward, backward and
-    optimizer step of a stack of small linears in a one-rank ZeRO-3 engine (the strategies' bf16-mixed JSON: DeepSpeed's
-    torch_autocast, torch's AdamW), less the same stack plain under autocast with the same optimizer, per parameter
-    tensor. Its gathers, releases and gradient reductions walk every tensor in Python (the host profile of
-    results/vit/h100-zero3-grad-check); what a launch costs does not price them (results/gpt2_tutorial/
-    h100-zero3-predicted). None with the reason where DeepSpeed is missing or fails."""
+def zero3_host_rows(rounds: int, dev=None) -> list[dict]:
+    """The host's cost of DeepSpeed ZeRO-3 beyond plain torch, per parameter tensor and per module: forward, backward
+    and optimizer step in a one-rank ZeRO-3 engine (the strategies' bf16-mixed JSON: DeepSpeed's torch_autocast,
+    torch's AdamW), less the same model plain under autocast with the same optimizer. Its gathers, releases and
+    gradient reductions walk every tensor in Python (the host profile of results/vit/h100-zero3-grad-check), and it
+    hooks every module, with parameters or without; what a launch costs prices neither (results/gpt2_tutorial/
+    h100-zero3-predicted). Two models of ZERO3_LAYERS small linears, equal in tensors: `zero3_tensor_us` is the bare
+    stack's cost per tensor (ZERO3_STACK_MODULES_PER_TENSOR modules a tensor), `zero3_module_us` what a container
+    module around each linear adds, per module. None with the reason where DeepSpeed is missing or fails."""
     import torch
 
-    dev = torch.device("cuda", 0)
+    dev = dev or torch.device("cuda", 0)
     try:
-        import deepspeed
-
-        def stack():
-            return torch.nn.Sequential(*[torch.nn.Linear(HOST_WIDTH, HOST_WIDTH) for _ in range(ZERO3_LAYERS)]).to(dev)
-
-        x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)
-        plain = stack()
-        plain_opt = torch.optim.AdamW(plain.parameters(), fused=True)
-        with one_rank_group(dev):
-            model = stack()
-            engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), fused=True),
-                                              config={"train_micro_batch_size_per_gpu": 1,
-                                                      "zero_optimization": {"stage": 3},
-                                                      "zero_allow_untested_optimizer": True,
-                                                      "steps_per_print": 1_000_000_000,
-                                                      "torch_autocast": {"enabled": True, "dtype": "bfloat16",
-                                                                         "lower_precision_safe_modules": []}})
-
-            def zero3():
-                for _ in range(ZERO3_STEPS):
-                    engine.backward(engine(x).float().square().mean())
-                    engine.step()
-                torch.cuda.synchronize(dev)
-
-            def eager():
-                for _ in range(ZERO3_STEPS):
-                    with torch.autocast("cuda", torch.bfloat16):
-                        loss = plain(x).float().square().mean()
-                    loss.backward()
-                    plain_opt.step()
-                    plain_opt.zero_grad(set_to_none=True)
-                torch.cuda.synchronize(dev)
-
-            extra = timed(zero3, rounds, best=True) - timed(eager, rounds, best=True)
-            engine.destroy()
+        with one_rank_group(dev):  # one group for both engines: DeepSpeed keeps the first's
+            bare = zero3_extra_seconds(dev, rounds, contained=False)
+            contained = zero3_extra_seconds(dev, rounds, contained=True)
     except (ImportError, RuntimeError, ValueError, AssertionError) as exc:  # the rest of the calibration stands
-        return row("zero3_tensor_us", None, "us", f"failed: {str(exc).strip().splitlines()[-1:]}")
-    return row("zero3_tensor_us", 1e6 * extra / (ZERO3_STEPS * 2 * ZERO3_LAYERS), "us",
-               "DeepSpeed ZeRO-3 forward + backward + step less plain torch's, per parameter tensor and step; "
-               "one-rank engine, fastest round")
+        why = f"failed: {str(exc).strip().splitlines()[-1:]}"
+        return [row("zero3_tensor_us", None, "us", why), row("zero3_module_us", None, "us", why)]
+    return [row("zero3_tensor_us", 1e6 * bare / (2 * ZERO3_LAYERS), "us",
+                "DeepSpeed ZeRO-3 forward + backward + step less plain torch's, per parameter tensor and step of a "
+                "bare stack of linears; one-rank engine, fastest round"),
+            row("zero3_module_us", 1e6 * (contained - bare) / ZERO3_LAYERS, "us",
+                "what a parameterless container module around each linear adds to it, per module and step")]
+
+
+def zero3_extra_seconds(dev, rounds: int, contained: bool) -> float:
+    """Seconds a step of ZERO3_LAYERS linears (each in a container of its own where `contained`) takes in a one-rank
+    DeepSpeed ZeRO-3 engine beyond plain torch's, fastest rounds of ZERO3_STEPS steps (in the caller's group)."""
+    import deepspeed
+    import torch
+
+    def stack():
+        linears = [torch.nn.Linear(HOST_WIDTH, HOST_WIDTH) for _ in range(ZERO3_LAYERS)]
+        return torch.nn.Sequential(*[torch.nn.Sequential(m) if contained else m for m in linears]).to(dev)
+
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda _: None)
+    x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)
+    plain = stack()
+    plain_opt = torch.optim.AdamW(plain.parameters(), fused=dev.type == "cuda")
+    model = stack()
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(),
+                                                                                 fused=dev.type == "cuda"),
+                                      config={"train_micro_batch_size_per_gpu": 1,
+                                              "zero_optimization": {"stage": 3},
+                                              "zero_allow_untested_optimizer": True,
+                                              "steps_per_print": 1_000_000_000,
+                                              "torch_autocast": {"enabled": True, "dtype": "bfloat16",
+                                                                 "lower_precision_safe_modules": []}})
+
+    def zero3():
+        for _ in range(ZERO3_STEPS):
+            engine.backward(engine(x).float().square().mean())
+            engine.step()
+        sync(dev)
+
+    def eager():
+        for _ in range(ZERO3_STEPS):
+            with torch.autocast(dev.type, torch.bfloat16):
+                loss = plain(x).float().square().mean()
+            loss.backward()
+            plain_opt.step()
+            plain_opt.zero_grad(set_to_none=True)
+        sync(dev)
+
+    extra = timed(zero3, rounds, best=True) - timed(eager, rounds, best=True)
+    engine.destroy()
+    return extra / ZERO3_STEPS
 
 
 def collective_rows(world: int, platform: str, rounds: int) -> list[dict]:

@@ -75,6 +75,12 @@ def count_tensors(model: str, overrides_json: str, vocab: int, seq_len: int, lor
     return sum(p.requires_grad for p in {id(p): p for p in m.parameters()}.values())
 
 
+def count_modules(model: str, overrides_json: str, vocab: int, seq_len: int, lora_json: str = "null") -> int:
+    """Modules of the run's model, the root, the containers and those without parameters included: DeepSpeed
+    ZeRO-3 hooks every one."""
+    return sum(1 for _ in meta_model(model, overrides_json, vocab, seq_len, lora_json).modules())
+
+
 @lru_cache(maxsize=64)
 def _traced(model: str, overrides_json: str, precision: str, micro_batch: int, seq_len: int) -> float:
     import json

@@ -7,8 +7,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
   gemm       every matmul of the blocks and the head, forward, input gradient and (trainable weights) weight
              gradient, each at the calibrated bf16 rate for its shape m x k x n (curve `matmul_bf16`, interpolated
              in log space); tensor parallelism divides the sharded widths by tp; checkpointing adds a forward;
-  attention  causal SDPA, forward + backward, at the calibrated rate for its sequence and head dimension (curve
-             `sdpa_bf16`), 4 s^2 h e / 2 FLOPs forward, 2.5x that backward;
+  attention  SDPA, forward + backward, at the calibrated rate for its mask, sequence and head dimension (curve
+             `sdpa_bf16`), 4 s^2 h e FLOPs forward (half of it causal: language models; full: ViT), 2.5x that
+             backward;
   memory     what the kernels outside the matmuls read and write (norms, activations, residuals, dropout, rotary,
              the loss's logits): MEMORY_BYTES[levers] x (d + f) bytes per token and layer, LOSS_BYTES[levers] x V
              per token for the loss, at the calibrated device copy bandwidth (`hbm_copy`);
@@ -21,9 +22,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              tensor, counted on the model built on the meta device), the gather and reduce hooks a micro-batch:
              FSDP2's HOOK_OPS per layer (once where one unit holds the whole model: Strategy.hooks_per_block),
              DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart, the
-             eager ones at the calibrated `zero3_tensor_us` where measured), again where a block's forward is
-             recomputed from the host; eager
-             tensor parallelism's DTensor dispatch, per parallel linear of a block at the calibrated `tp_linear_us`;
+             eager ones at the calibrated `zero3_tensor_us` and `zero3_module_us` per module where measured),
+             again where a block's forward is recomputed from the host; eager tensor parallelism's DTensor
+             dispatch, per parallel linear of a block at the calibrated `tp_linear_us`;
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
              (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
              engine overlaps with the backward (DDP's buckets, FSDP2's prefetch; DeepSpeed ZeRO-1/2 do not
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from workflow_scripts.measure.calibrate import ZERO3_STACK_MODULES_PER_TENSOR
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan.bound import BUSBW
 from workflow_scripts.training.precision import policy
@@ -75,7 +77,7 @@ class Rates:
     """What the machine does per second, from a calibration.json (measure/calibrate.py)."""
 
     matmul: tuple  # ((m, k, n, TFLOP/s), ...)
-    sdpa: tuple  # ((seq, head_dim, TFLOP/s), ...)
+    sdpa: tuple  # ((causal, seq, head_dim, TFLOP/s), ...): rows without a mask are causal (the first calibrations)
     hbm: float  # GB/s read + written
     launch_us: float
     busbw: dict = field(default_factory=dict)  # (collective, ranks) -> [(bytes, GB/s)]
@@ -84,6 +86,7 @@ class Rates:
     cpu_adam_ms: float | None = None  # AdamW step over 10 M fp32 parameters on the host
     tp_linear_us: float | None = None  # a tensor-parallel linear's DTensor dispatch, forward + backward, on the host
     zero3_tensor_us: float | None = None  # DeepSpeed ZeRO-3's host time per parameter tensor and step, beyond torch's
+    zero3_module_us: float | None = None  # and what each module adds to it (its hooks)
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
@@ -111,11 +114,13 @@ class Rates:
                 busbw.setdefault((m[1], int(m[2])), []).append((float(m[3]) * MB, value))
         first = lambda prefix: next((v for k, v in sorted(rows.items()) if k.startswith(prefix)), None)  # noqa: E731
         return cls(matmul=tuple((p["m"], p["k"], p["n"], p["tflops"]) for p in curves["matmul_bf16"]),
-                   sdpa=tuple((p["seq"], p["head_dim"], p["tflops"]) for p in curves["sdpa_bf16"]),
+                   sdpa=tuple((p.get("causal", True), p["seq"], p["head_dim"], p["tflops"])
+                              for p in curves["sdpa_bf16"]),
                    hbm=first("hbm_copy["), launch_us=first("launch_us["),
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
                    tp_linear_us=rows.get("tp_linear_us"), zero3_tensor_us=rows.get("zero3_tensor_us"),
+                   zero3_module_us=rows.get("zero3_module_us"),
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
                                None))
 
@@ -128,8 +133,8 @@ def machine_gpu(calibration: dict) -> str | None:
 
 def host_row(name: str) -> bool:
     """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch,
-    ZeRO-3's per-tensor work)."""
-    return name.startswith("launch_us[") or name in ("tp_linear_us", "zero3_tensor_us")
+    ZeRO-3's per-tensor and per-module work)."""
+    return name.startswith("launch_us[") or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us")
 
 
 @lru_cache(maxsize=None)
@@ -222,6 +227,7 @@ class Run:
     checkpointing: bool
     trainable: int
     tensors: int  # parameter tensors (DeepSpeed's optimizer launches per tensor)
+    modules: int = 0  # modules, with parameters or without (DeepSpeed ZeRO-3 hooks each)
     offload_optimizer: bool = False
     precision: str = "bf16-mixed"
     deterministic: bool = False
@@ -289,13 +295,17 @@ def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
 
 
 def attention_seconds(run: Run, rates: Rates, samples: int) -> float:
+    """One micro-batch's SDPA, forward and backward: causal for a language model (half the score matrix), full for
+    a ViT's patches, at the calibrated rate of that mask (a calibration without full-mask rows: the causal one's)."""
     s = run.shape
+    causal = s.family != "vit"
     heads = s.d // s.head_dim // degree(run, "tp")
     seq = run.tokens
-    flops = 3.5 * 4 * samples * heads * seq * seq * s.head_dim / 2 / degree(run, "cp")
+    flops = 3.5 * 4 * samples * heads * seq * seq * s.head_dim / (2 if causal else 1) / degree(run, "cp")
     if run.checkpointing and not run.selective:
         flops *= 4.5 / 3.5
-    return s.n_layer / degree(run, "pp") * flops / (interpolate(rates.sdpa, (seq, s.head_dim)) * 1e12)
+    curve = tuple(p[1:] for p in rates.sdpa if p[0] == causal) or tuple(p[1:] for p in rates.sdpa if p[0])
+    return s.n_layer / degree(run, "pp") * flops / (interpolate(curve, (seq, s.head_dim)) * 1e12)
 
 
 def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
@@ -343,16 +353,19 @@ def hook_ops(run: Run, layers: float, rates: Rates) -> float:
     unit holds the model), DeepSpeed ZeRO-3's per parameter tensor of the stage (its gather, release and
     gradient-reduce walk every tensor in Python: the host profile in results/vit/h100-zero3-grad-check); eager
     ZeRO-3's at the calibrated `zero3_tensor_us` where the calibration has it (a one-rank engine's forward, backward
-    and step: the step's share counted with every micro-batch), else the fitted launches."""
+    and step of a bare stack of linears: the step's share counted with every micro-batch), and `zero3_module_us` for
+    each module beyond that stack's share of modules a tensor (ZeRO-3 hooks every module; the calibrations before
+    that row priced tensors only), else the fitted launches."""
     key = sharding(run)
     if key is None:
         return 0.0
     if key == "fsdp":
         return HOOK_OPS[key] * (layers if run.hooks_per_block else 1.0)
-    per_tensor = HOOK_OPS[key]
     if key == "zero3" and rates.zero3_tensor_us is not None:
-        per_tensor = rates.zero3_tensor_us / rates.launch_us
-    return per_tensor * run.tensors / degree(run, "pp")
+        extra_modules = max(0.0, run.modules - run.tensors * ZERO3_STACK_MODULES_PER_TENSOR)
+        us = rates.zero3_tensor_us * run.tensors + (rates.zero3_module_us or 0.0) * extra_modules
+        return us / rates.launch_us / degree(run, "pp")
+    return HOOK_OPS[key] * run.tensors / degree(run, "pp")
 
 
 def replayed_forward(run: Run) -> float:
@@ -508,8 +521,8 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     `train` its resolved train settings, `applied` the levers it recorded having applied (strategy_settings.json)."""
     import json
 
-    from workflow_scripts.plan.predict import (count_params, count_tensors, engine_choices, recorded_wrap_blocks,
-                                               shape, tokens_per_sample)
+    from workflow_scripts.plan.predict import (count_modules, count_params, count_tensors, engine_choices,
+                                               recorded_wrap_blocks, shape, tokens_per_sample)
     from workflow_scripts.training import recompute
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
@@ -536,7 +549,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                checkpointing=recomputes is not None, selective=recomputes == "selective",
                matmuls_recomputed=recompute.MATMULS_RECOMPUTED.get(recomputes, 1.0),
                trainable=int(trainable),
-               tensors=count_tensors(*built), offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
+               tensors=count_tensors(*built), modules=count_modules(*built), offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
                deepcompile=asks_deepcompile(options), traced_ds_linear=traced_ds_linear(applied, MODELS[model].family),
