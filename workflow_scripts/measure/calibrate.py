@@ -52,6 +52,7 @@ HOST_WIDTH, HOST_TOKENS = 256, 128  # small linears: the host sets their pace, n
 TP_PAIRS = 50
 ZERO3_LAYERS, ZERO3_STEPS = 48, 5  # a stack of small linears (96 parameter tensors) as a ZeRO-3 engine's model
 ZERO3_STACK_MODULES_PER_TENSOR = (ZERO3_LAYERS + 1) / (2 * ZERO3_LAYERS)  # the bare stack's: its linears and root
+ZERO3_CONTAINERS = 4  # parameterless containers nested around each linear of the other stack: 192 modules more
 
 
 def timed(fn, rounds: int, best: bool = False) -> float:
@@ -303,8 +304,10 @@ def zero3_host_rows(rounds: int, dev=None) -> list[dict]:
     gradient reductions walk every tensor in Python (the host profile of results/vit/h100-zero3-grad-check), and it
     hooks every module, with parameters or without; what a launch costs prices neither (results/gpt2_tutorial/
     h100-zero3-predicted). Two models of ZERO3_LAYERS small linears, equal in tensors: `zero3_tensor_us` is the bare
-    stack's cost per tensor (ZERO3_STACK_MODULES_PER_TENSOR modules a tensor), `zero3_module_us` what a container
-    module around each linear adds, per module. None with the reason where DeepSpeed is missing or fails."""
+    stack's cost per tensor (ZERO3_STACK_MODULES_PER_TENSOR modules a tensor), `zero3_module_us` what the
+    ZERO3_CONTAINERS containers nested around each linear of the other add, per module (one container a linear made
+    a signal of about 20 ms a step, which one machine's noise turned negative). None with the reason where DeepSpeed
+    is missing or fails."""
     import torch
 
     dev = dev or torch.device("cuda", 0)
@@ -318,19 +321,25 @@ def zero3_host_rows(rounds: int, dev=None) -> list[dict]:
     return [row("zero3_tensor_us", 1e6 * bare / (2 * ZERO3_LAYERS), "us",
                 "DeepSpeed ZeRO-3 forward + backward + step less plain torch's, per parameter tensor and step of a "
                 "bare stack of linears; one-rank engine, fastest round"),
-            row("zero3_module_us", 1e6 * (contained - bare) / ZERO3_LAYERS, "us",
-                "what a parameterless container module around each linear adds to it, per module and step")]
+            row("zero3_module_us", 1e6 * (contained - bare) / (ZERO3_LAYERS * ZERO3_CONTAINERS), "us",
+                f"what {ZERO3_CONTAINERS} parameterless containers nested around each linear add to it, per module "
+                "and step")]
 
 
 def zero3_extra_seconds(dev, rounds: int, contained: bool) -> float:
-    """Seconds a step of ZERO3_LAYERS linears (each in a container of its own where `contained`) takes in a one-rank
-    DeepSpeed ZeRO-3 engine beyond plain torch's, fastest rounds of ZERO3_STEPS steps (in the caller's group)."""
+    """Seconds a step of ZERO3_LAYERS linears (each inside ZERO3_CONTAINERS containers where `contained`) takes in a
+    one-rank DeepSpeed ZeRO-3 engine beyond plain torch's, fastest rounds of ZERO3_STEPS steps (the caller's group)."""
     import deepspeed
     import torch
 
+    def wrapped(module):
+        for _ in range(ZERO3_CONTAINERS if contained else 0):
+            module = torch.nn.Sequential(module)
+        return module
+
     def stack():
-        linears = [torch.nn.Linear(HOST_WIDTH, HOST_WIDTH) for _ in range(ZERO3_LAYERS)]
-        return torch.nn.Sequential(*[torch.nn.Sequential(m) if contained else m for m in linears]).to(dev)
+        return torch.nn.Sequential(*[wrapped(torch.nn.Linear(HOST_WIDTH, HOST_WIDTH))
+                                     for _ in range(ZERO3_LAYERS)]).to(dev)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda _: None)
     x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)

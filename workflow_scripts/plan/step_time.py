@@ -363,7 +363,8 @@ def hook_ops(run: Run, layers: float, rates: Rates) -> float:
         return HOOK_OPS[key] * (layers if run.hooks_per_block else 1.0)
     if key == "zero3" and rates.zero3_tensor_us is not None:
         extra_modules = max(0.0, run.modules - run.tensors * ZERO3_STACK_MODULES_PER_TENSOR)
-        us = rates.zero3_tensor_us * run.tensors + (rates.zero3_module_us or 0.0) * extra_modules
+        # a module costs nothing less than nothing (a noisy calibration can measure the difference below zero)
+        us = rates.zero3_tensor_us * run.tensors + max(0.0, rates.zero3_module_us or 0.0) * extra_modules
         return us / rates.launch_us / degree(run, "pp")
     return HOOK_OPS[key] * run.tensors / degree(run, "pp")
 
