@@ -276,8 +276,8 @@ def tp_linear_row(rounds: int) -> dict:
 
 @contextlib.contextmanager
 def one_rank_group(dev):
-    """A one-rank process group on `dev` (NCCL; gloo on a CPU) where the process has none (a study's calibrate job), left after;
-    LOCAL_RANK set meanwhile where unset (DeepSpeed's engine asks for it)."""
+    """A one-rank process group on `dev` (NCCL; gloo on a CPU) where the process has none (a study's calibrate job),
+    left after; LOCAL_RANK set meanwhile where unset (DeepSpeed's engine asks for it)."""
     import torch.distributed as dist
 
     own = not dist.is_initialized()
