@@ -160,17 +160,19 @@ def matmul_curve(rounds: int) -> list[dict]:
             for n in GEMM_KN:
                 a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-                reps = max(1, min(50, int(2e12 / (2 * m * k * n))))  # about 2 TFLOP a timing
-                seconds = replayed_seconds(lambda a=a, b=b: a @ b, reps, rounds)
-                out.append({"m": m, "k": k, "n": n, "tflops": 2 * m * k * n / seconds / 1e12})
+                out.append({"m": m, "k": k, "n": n,
+                            "tflops": replayed_tflops(lambda a=a, b=b: a @ b, 2 * m * k * n, rounds)})
     return out
 
 
-def replayed_seconds(body, reps: int, rounds: int) -> float:
-    """Seconds of one body() on GPU 0's device: `reps` calls captured in a CUDA graph, the graph replayed (the
-    kernels' time, not the host's launches: those are the step-time model's host term). The body runs first on a
-    side stream, so that cuBLAS and autograd pick their kernels and workspaces before the capture."""
+def replayed_tflops(body, flops: float, rounds: int) -> float:
+    """TFLOP/s of body() (`flops` a call) on GPU 0's device: as many calls as make about 2 TFLOP (1 to 50) captured
+    in a CUDA graph, the graph replayed (the kernels' time, not the host's launches: those are the step-time model's
+    host term). The body runs first on a side stream, so that cuBLAS and autograd pick their kernels and workspaces
+    before the capture."""
     import torch
+
+    reps = max(1, min(50, int(2e12 / flops)))
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -187,7 +189,7 @@ def replayed_seconds(body, reps: int, rounds: int) -> float:
         graph.replay()
         torch.cuda.synchronize()
 
-    return timed(run, rounds) / reps
+    return flops * reps / timed(run, rounds) / 1e12
 
 
 def sdpa_curve(rounds: int) -> list[dict]:
@@ -210,9 +212,8 @@ def sdpa_curve(rounds: int) -> list[dict]:
                     torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), grad)
 
                 flops = 3.5 * 4 * batch * heads * seq * seq * head_dim / (2 if causal else 1)
-                reps = max(1, min(50, int(2e12 / flops)))
                 out.append({"causal": causal, "seq": seq, "head_dim": head_dim,
-                            "tflops": flops / replayed_seconds(body, reps, rounds) / 1e12})
+                            "tflops": replayed_tflops(body, flops, rounds)})
     return out
 
 
@@ -276,16 +277,14 @@ def tp_linear_row(rounds: int) -> dict:
 
 @contextlib.contextmanager
 def one_rank_group(dev):
-    """A one-rank process group on `dev` (NCCL; gloo on a CPU) where the process has none (a study's calibrate job),
-    left after; LOCAL_RANK set meanwhile where unset (DeepSpeed's engine asks for it)."""
+    """A one-rank NCCL process group on `dev` where the process has none (a study's calibrate job), left after;
+    LOCAL_RANK set meanwhile where unset (DeepSpeed's engine asks for it)."""
     import torch.distributed as dist
 
     own = not dist.is_initialized()
     set_rank = "LOCAL_RANK" not in os.environ
     if own:
-        cuda = dev.type == "cuda"
-        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1,
-                                device_id=dev if cuda else None)
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=dev)
     if set_rank:
         os.environ["LOCAL_RANK"] = "0"
     try:
@@ -297,7 +296,7 @@ def one_rank_group(dev):
             dist.destroy_process_group()
 
 
-def zero3_host_rows(rounds: int, dev=None) -> list[dict]:
+def zero3_host_rows(rounds: int) -> list[dict]:
     """The host's cost of DeepSpeed ZeRO-3 beyond plain torch, per parameter tensor and per module: forward, backward
     and optimizer step in a one-rank ZeRO-3 engine (the strategies' bf16-mixed JSON: DeepSpeed's torch_autocast,
     torch's AdamW), less the same model plain under autocast with the same optimizer. Its gathers, releases and
@@ -310,7 +309,7 @@ def zero3_host_rows(rounds: int, dev=None) -> list[dict]:
     is missing or fails."""
     import torch
 
-    dev = dev or torch.device("cuda", 0)
+    dev = torch.device("cuda", 0)
     try:
         with one_rank_group(dev):  # one group for both engines: DeepSpeed keeps the first's
             bare = zero3_extra_seconds(dev, rounds, contained=False)
@@ -341,13 +340,11 @@ def zero3_extra_seconds(dev, rounds: int, contained: bool) -> float:
         return torch.nn.Sequential(*[wrapped(torch.nn.Linear(HOST_WIDTH, HOST_WIDTH))
                                      for _ in range(ZERO3_LAYERS)]).to(dev)
 
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda _: None)
     x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)
     plain = stack()
-    plain_opt = torch.optim.AdamW(plain.parameters(), fused=dev.type == "cuda")
+    plain_opt = torch.optim.AdamW(plain.parameters(), fused=True)
     model = stack()
-    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(),
-                                                                                 fused=dev.type == "cuda"),
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), fused=True),
                                       config={"train_micro_batch_size_per_gpu": 1,
                                               "zero_optimization": {"stage": 3},
                                               "zero_allow_untested_optimizer": True,
@@ -359,16 +356,16 @@ def zero3_extra_seconds(dev, rounds: int, contained: bool) -> float:
         for _ in range(ZERO3_STEPS):
             engine.backward(engine(x).float().square().mean())
             engine.step()
-        sync(dev)
+        torch.cuda.synchronize(dev)
 
     def eager():
         for _ in range(ZERO3_STEPS):
-            with torch.autocast(dev.type, torch.bfloat16):
+            with torch.autocast("cuda", torch.bfloat16):
                 loss = plain(x).float().square().mean()
             loss.backward()
             plain_opt.step()
             plain_opt.zero_grad(set_to_none=True)
-        sync(dev)
+        torch.cuda.synchronize(dev)
 
     extra = timed(zero3, rounds, best=True) - timed(eager, rounds, best=True)
     engine.destroy()
