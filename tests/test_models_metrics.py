@@ -50,6 +50,12 @@ def test_cudnn_attention_is_registered_and_falls_back_to_sdpa_on_cpu():
 def test_vocab_padding_and_flops():
     assert models.padded_vocab(50257, 64) == 50304 and models.padded_vocab(4096, 64) == 4096
     assert models.flops_per_token(100, 2, 8, 16) == 600 + 12 * 2 * 8 * 16
+    # a study's model_overrides reach the FLOPs: the MoE cut to 4 layers idles 4 layers' experts, not 12 (a
+    # negative MFU before: results/parallelism/h100-moe-profile)
+    cut = models.model_spec("qwen1.5-moe-a2.7b-12l", {"num_hidden_layers": 4})
+    n = 2_904_573_952  # the 4-layer model's parameters
+    assert models.model_flops_per_token("qwen1.5-moe-a2.7b-12l", n, 1024, overrides={"num_hidden_layers": 4}) == \
+        models.flops_per_token(n - cut.idle_expert_params, 4, 2048, 1024) > 0
 
 
 def test_mfu_uses_the_peak_table():

@@ -80,6 +80,9 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     run = gpt2_run(accum=2)
     ops = 2 * (st.HOST_OPS["eager"] * 1 + st.FIXED_OPS) + 10  # two micro-batches, torch's fused AdamW
     assert st.host_seconds(run, flat_rates()) == pytest.approx(ops * 10e-6)
+    # another layer family: its launches in proportion to the kernels its layer issues
+    assert st.host_seconds(gpt2_run(accum=2, kernel_ratio=3.0), flat_rates()) == pytest.approx(
+        (2 * (st.HOST_OPS["eager"] * 3.0 + st.FIXED_OPS) + 10) * 10e-6)
     zero2 = gpt2_run(family="deepspeed", zero_stage=2)  # DeepSpeed's optimizer: launches per parameter tensor
     ops = st.HOST_OPS["eager"] + st.FIXED_OPS + st.DS_OPS_PER_TENSOR * 16
     assert st.host_seconds(zero2, flat_rates()) == pytest.approx(ops * 10e-6)
@@ -346,3 +349,18 @@ def test_the_models_parts_are_set_beside_the_kernels_of_the_committed_traces():
     assert abs(ddp["memory_ms"] / ddp["memory_trace_ms"] - 1) < 0.2
     assert ("vit/h200x2-zero3-traces", "zero3") in frame.index
     assert (frame[[f"{p}_trace_ms" for p in bench_st.TRACED_PARTS]] > 0).all().all()
+
+
+def test_a_layers_kernels_are_counted_on_the_real_layer():
+    """Kernels of one layer forward and backward (views and allocations left out), counted on fake tensors: the
+    families apart, the size of the layer and the run's shape overrides no matter (a count, not a size); the host
+    term scales a MoE layer by its kernels against a dense layer of its family."""
+    from workflow_scripts.plan.predict import kernel_ratio
+    from workflow_scripts.plan.traced import REFERENCE_MODEL, layer_kernels
+
+    gpt2, qwen, moe = layer_kernels("gpt2-tiny"), layer_kernels("qwen2-tiny"), layer_kernels("qwen2-moe-tiny")
+    assert gpt2 == layer_kernels(REFERENCE_MODEL["gpt2"])  # a block's kernels do not grow with its width
+    assert 40 < gpt2 < qwen < moe < 200  # rotary, RMS norms, a gated MLP; then a router, sort, gather, scatter
+    # a MoE layer against a dense layer of its family; every dense family against itself
+    assert kernel_ratio("qwen2-moe-tiny", '{"num_hidden_layers": 1}') == pytest.approx(moe / qwen)
+    assert kernel_ratio("gpt2-tiny", "{}") == kernel_ratio("qwen2-tiny", "{}") == 1.0

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
 
 from workflow_scripts import columns as C
 from workflow_scripts import replay
 from workflow_scripts.training import levers
 from workflow_scripts.training.layout import Layout
-from workflow_scripts.training.models import MODELS
+from workflow_scripts.training.models import MODELS, model_spec
 from workflow_scripts.training.strategies import micro_and_accum
 from workflow_scripts.units import GIB
 
@@ -212,8 +211,7 @@ def block_flops(config: dict, model: str, micro_batch: int, layout: dict, seq_le
     tensor parallel pays DTensor dispatch on the host per op, which compiling removes (3.7x on the 3B shape,
     results/parallelism/h200x2-tp-compiled). `seq_len`: a language model's tokens per sample, if not the data's
     block size (the planner's plan.seq_len); the study's model_overrides change the shape."""
-    spec = MODELS[model]
-    spec = replace(spec, shape={**spec.shape, **(config.get("model_overrides") or {}).get(model, {})})
+    spec = model_spec(model, (config.get("model_overrides") or {}).get(model))
     if spec.family == "vit":
         tokens = spec.patches(config["images"]["image_size"]) + 1
     else:

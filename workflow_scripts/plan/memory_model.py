@@ -48,6 +48,12 @@ class Shape:
     shared_ffn: int = 0
 
     @property
+    def active_ffn(self) -> int:
+        """The MLP inner width one token passes through: the MLP's; a MoE layer's shared expert and its top-k
+        routed experts'."""
+        return self.shared_ffn + self.top_k * self.expert_ffn if self.experts else self.ffn
+
+    @property
     def expert_params(self) -> float:
         """Parameters of the routed experts (gate, up and down per expert, every layer): what ep shards."""
         return 3.0 * self.n_layer * self.experts * self.d * self.expert_ffn

@@ -5,7 +5,6 @@ column), the benchmark (bench/memory.py) and the planner (plan/planner.py).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -13,7 +12,7 @@ from typing import NamedTuple
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.training import recompute
 from workflow_scripts.training.layout import Layout
-from workflow_scripts.training.models import MODELS, image_size
+from workflow_scripts.training.models import MODELS, image_size, model_spec
 
 
 def shape(model: str, overrides: dict | None, n_params: int, vocab: int, loss_tokens: int = 1) -> mm.Shape:
@@ -34,8 +33,7 @@ def tokens_per_sample(model: str, overrides: dict | None, seq_len: int) -> int:
     image row (seq_len = 1 + 3 x size x size, data/images.py)."""
     if MODELS[model].family != "vit":
         return seq_len
-    spec = MODELS[model]
-    return replace(spec, shape={**spec.shape, **(overrides or {})}).patches(image_size(seq_len)) + 1
+    return model_spec(model, overrides).patches(image_size(seq_len)) + 1
 
 
 def sample_bytes(model: str, seq_len: int) -> float:
@@ -79,6 +77,16 @@ def count_modules(model: str, overrides_json: str, vocab: int, seq_len: int, lor
     """Modules of the run's model, the root, the containers and those without parameters included: DeepSpeed
     ZeRO-3 hooks every one."""
     return sum(1 for _ in meta_model(model, overrides_json, vocab, seq_len, lora_json).modules())
+
+
+@lru_cache(maxsize=64)
+def kernel_ratio(model: str, overrides_json: str) -> float:
+    """The kernels one layer of the run's model issues against the reference block's (plan.traced.layer_kernels)."""
+    import json
+
+    from workflow_scripts.plan.traced import REFERENCE_MODEL, layer_kernels
+
+    return layer_kernels(model, json.loads(overrides_json)) / layer_kernels(REFERENCE_MODEL[MODELS[model].family])
 
 
 @lru_cache(maxsize=64)

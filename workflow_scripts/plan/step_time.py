@@ -11,13 +11,17 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              `sdpa_bf16`), 4 s^2 h e FLOPs forward (half of it causal: language models; full: ViT), 2.5x that
              backward;
   memory     what the kernels outside the matmuls read and write (norms, activations, residuals, dropout, rotary,
-             the loss's logits): MEMORY_BYTES[levers] x (d + f) bytes per token and layer, LOSS_BYTES[levers] x V
+             the loss's logits): MEMORY_BYTES[levers] x (d + f) bytes per token and layer (f: the MLP width a token
+             passes through, a MoE layer's shared and top-k routed experts together), LOSS_BYTES[levers] x V
              per token for the loss, at the calibrated device copy bandwidth (`hbm_copy`);
   optimizer  AdamW over the rank's P_r parameters: 28 bytes each (fp32 parameter, gradient, two moments read;
-             parameter and moments written) at `hbm_copy`; optimizer offload: the CPU's AdamW rate (`cpu_adam`)
+             parameter and moments written), 12 more where the gradients are clipped (their norm, their scaling)
+             at `hbm_copy`; optimizer offload: the CPU's AdamW rate (`cpu_adam`)
              and the gradients and parameters over `d2h` / `h2d`;
-  host       what the host issues per step: HOST_OPS[levers] per layer and micro-batch (kernel launches and Python,
-             in units of the calibrated eager launch, `launch_us`), FIXED_OPS per micro-batch, the optimizer's
+  host       what the host issues per step: HOST_OPS[levers] per GPT-2 block and micro-batch (kernel launches and
+             Python, in units of the calibrated eager launch, `launch_us`), other layers in proportion to the
+             kernels they issue (counted on the real layer: plan.traced.layer_kernels; a Qwen2 layer 2.4x, a
+             Qwen2-MoE layer 3.7x), FIXED_OPS per micro-batch, the optimizer's
              launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
              tensor, counted on the model built on the meta device), the gather and reduce hooks a micro-batch:
              FSDP2's HOOK_OPS per layer (once where one unit holds the whole model: Strategy.hooks_per_block),
@@ -65,6 +69,9 @@ MEMORY_BYTES, LOSS_BYTES, HOST_OPS = _FIT["MEMORY_BYTES"], _FIT["LOSS_BYTES"], _
 FIXED_OPS, DS_OPS_PER_TENSOR, HOOK_OPS, OVERLAP = (_FIT["FIXED_OPS"], _FIT["DS_OPS_PER_TENSOR"], _FIT["HOOK_OPS"],
                                                    _FIT["OVERLAP"])
 ADAMW_BYTES = 28  # per parameter: fp32 parameter, gradient, exp_avg, exp_avg_sq read; parameter and moments written
+# and where the gradients are clipped: their norm reads each fp32 gradient, the scaling reads and writes it (the
+# committed traces' optimizer kernels ran 1.4-1.65x the 28 bytes: results/step_time/traced_parts.md)
+CLIP_BYTES = 12
 # The share of DeepSpeed ZeRO-3's gathers and reduce-scatters that ran under compute in a trace (ViT-Huge, 2 x H200,
 # NCCL kernels overlapped 7.6 % and 12.0 % on the two ranks: results/vit/h200x2-zero3-traces, BENCHMARKS.md Part 6c);
 # FSDP2's prefetch is taken to hide them behind the backward (no trace of it measured against that yet).
@@ -228,6 +235,8 @@ class Run:
     trainable: int
     tensors: int  # parameter tensors (DeepSpeed's optimizer launches per tensor)
     modules: int = 0  # modules, with parameters or without (DeepSpeed ZeRO-3 hooks each)
+    kernel_ratio: float = 1.0  # kernels of one layer against a GPT-2 block's (plan.predict.kernel_ratio)
+    grad_clip: bool = False  # the gradients clipped to a norm (train.grad_clip > 0): the norm and the scaling
     offload_optimizer: bool = False
     precision: str = "bf16-mixed"
     deterministic: bool = False
@@ -311,7 +320,7 @@ def attention_seconds(run: Run, rates: Rates, samples: int) -> float:
 def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
     s = run.shape
     layer = MEMORY_BYTES["eager" if run.levers == "eager" else "blocks" if run.levers == "blocks" else "model"]
-    per_token = layer * (s.d + s.ffn) / degree(run, "tp") * s.n_layer / degree(run, "pp")
+    per_token = layer * (s.d + s.active_ffn) / degree(run, "tp") * s.n_layer / degree(run, "pp")
     if run.checkpointing:
         per_token *= 1.5
     loss = LOSS_BYTES["compiled" if run.compile_loss else "eager"] * s.vocab / degree(run, "pp")
@@ -331,7 +340,7 @@ def optimizer_seconds(run: Run, rates: Rates) -> tuple[float, float]:
     """(device seconds, offload seconds) of one AdamW step on this rank."""
     p = local_params(run)
     if not run.offload_optimizer:
-        return p * ADAMW_BYTES / (rates.hbm * GB), 0.0
+        return p * (ADAMW_BYTES + (CLIP_BYTES if run.grad_clip else 0)) / (rates.hbm * GB), 0.0
     host = (rates.cpu_adam_ms or 0.0) / 1e3 * p / 1e7
     copies = p * run.grad_bytes / ((rates.d2h or 1.0) * GB) + p * 2 / ((rates.h2d or 1.0) * GB)
     return 0.0, host + copies
@@ -393,7 +402,7 @@ def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
 def host_seconds(run: Run, rates: Rates) -> float:
     layers = run.shape.n_layer / degree(run, "pp")
     # a recomputed block's forward is launched again and gathers its parameters again (the pre-forward hooks)
-    blocks = HOST_OPS[run.levers] * layers + hook_ops(run, layers, rates)
+    blocks = HOST_OPS[run.levers] * run.kernel_ratio * layers + hook_ops(run, layers, rates)
     per_micro = blocks * (1.0 + replayed_forward(run)) + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     launches = (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
@@ -523,7 +532,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     import json
 
     from workflow_scripts.plan.predict import (count_modules, count_params, count_tensors, engine_choices,
-                                               recorded_wrap_blocks, shape, tokens_per_sample)
+                                               kernel_ratio, recorded_wrap_blocks, shape, tokens_per_sample)
     from workflow_scripts.training import recompute
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
@@ -550,10 +559,11 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                checkpointing=recomputes is not None, selective=recomputes == "selective",
                matmuls_recomputed=recompute.MATMULS_RECOMPUTED.get(recomputes, 1.0),
                trainable=int(trainable),
-               tensors=count_tensors(*built), modules=count_modules(*built),
+               tensors=count_tensors(*built), modules=count_modules(*built), kernel_ratio=kernel_ratio(*built[:2]),
                offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
+               grad_clip=bool(train.get("grad_clip", 1.0)),
                deepcompile=asks_deepcompile(options), traced_ds_linear=traced_ds_linear(applied, MODELS[model].family),
                bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / MIB)) * MIB)
 

@@ -43,7 +43,7 @@ from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, s
 from workflow_scripts.training.context import init_distributed
 from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.graceful_stop import RankStop, signal_workflow
-from workflow_scripts.training.models import MODELS, count_params, count_trainable, model_flops_per_token
+from workflow_scripts.training.models import MODELS, count_params, count_trainable, model_flops_per_token, model_spec
 from workflow_scripts.training.parallel import build_engine
 from workflow_scripts.training.strategies import get as get_strategy
 from workflow_scripts.training.strategies.base import Strategy
@@ -314,9 +314,9 @@ def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_
 def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], memory: list[list[float]]) -> dict:
     """The run's row of the study table (before the launcher adds the sampler's peaks)."""
     spec, ctx, strategy = run.spec, run.ctx, run.strategy
-    shape = MODELS[spec["model"]]
+    shape = model_spec(spec["model"], spec.get("model_overrides"))
     device_name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
-    fpt = model_flops_per_token(spec["model"], run.n_params, run.seq_len, run.trainable)
+    fpt = model_flops_per_token(spec["model"], run.n_params, run.seq_len, run.trainable, spec.get("model_overrides"))
     steps_per_epoch, total_steps, cuda = run.batches.steps_per_epoch, run.total_steps, ctx.device.type == "cuda"
     epoch_wall = {}
     for r in rows:

@@ -6,7 +6,7 @@ Adding a model is one entry in MODELS.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GPT2_BASE = dict(
     n_positions=1024,
@@ -256,11 +256,18 @@ def vit_flops_per_image(n_params: int, trainable: int, n_layer: int, d_model: in
     return tokens * (4.0 * n_params + 2.0 * trainable + 12.0 * n_layer * d_model * tokens)
 
 
-def model_flops_per_token(name: str, n_params: int, seq_len: int, trainable: int | None = None) -> float:
+def model_spec(name: str, overrides: dict | None = None) -> ModelSpec:
+    """A registry model with a study's model_overrides (shape keys) applied."""
+    spec = MODELS[name]
+    return replace(spec, shape={**spec.shape, **overrides}) if overrides else spec
+
+
+def model_flops_per_token(name: str, n_params: int, seq_len: int, trainable: int | None = None,
+                          overrides: dict | None = None) -> float:
     """flops_per_token of a registry model with N its active parameters (a MoE token skips the idle experts). For
     a ViT the "tokens" of a step are the stored values of its image rows: FLOPs per image / row length, so that
     tokens/s x flops_per_token = images/s x FLOPs per image."""
-    spec = MODELS[name]
+    spec = model_spec(name, overrides)
     if spec.family == "vit":
         per_image = vit_flops_per_image(n_params, n_params if trainable is None else trainable, spec.n_layer,
                                         spec.d_model, spec.patches(image_size(seq_len)))
