@@ -23,7 +23,7 @@ TUTORIAL_CLAIMED = [{"models": ["gpt2-medium"], "strategies": ["ddp", "zero1", "
 
 @pytest.mark.parametrize("study, extra, expected_runs", [
     ("gpt2_tutorial", {"groups": TUTORIAL_CLAIMED}, 5),
-    ("traces", {"repeats": 1, "strategies": ["ddp", "fsdp"]}, 2),
+    ("traces", {"repeats": 1, "strategies": ["fsdp"]}, 1),  # a DDP trace: test_traces.py's GPU fixture
     ("vit", {"train": {"max_steps": 40}}, 6),
 ])
 def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
@@ -115,7 +115,7 @@ def assert_traced(wd, results, runs):
                         if p.name.endswith(".json.gz"))
         assert traces == ["rank0.json.gz", "rank1.json.gz"], run.strategy
     table = pd.read_csv(wd / results / "tables/traces.csv")
-    assert len(table) == 4 and set(table.phases_read_on) == {"host"} and (table.steps == 3).all()
+    assert len(table) == 2 and set(table.phases_read_on) == {"host"} and (table.steps == 3).all()
     assert table.hta_why_not.str.contains("no GPU kernels").all()
     named = table[["forward_ms", "backward_ms", "optimizer_ms"]].sum(axis=1)
     # the named phases hold most of the profiled time, and every rank's phases were read. How much falls between

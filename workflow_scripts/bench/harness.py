@@ -32,6 +32,7 @@ from workflow_scripts.bench import ceiling, trainer
 from workflow_scripts.measure.provenance import config_hash
 from workflow_scripts.training import levers
 from workflow_scripts.training.build_ops import needed_ops
+from workflow_scripts.training.models import MODELS
 from workflow_scripts.job.lever_trial import measured, outcome, run_launcher, run_logged, write_spec
 from workflow_scripts.training.precision import policy
 from workflow_scripts.job.launch import environment
@@ -164,13 +165,24 @@ def run_comparison(config: dict, out: Path, rounds: Rounds) -> None:
                 if rounds.done(strategy=strategy, repeat=r, runner=runner):
                     continue
                 print(f"{runner}: {strategy} (round {r})", flush=True)
-                result = run_launcher(spec) if runner == "ours" else run_module("trainer", spec, trainer.SUMMARY, 2)
-                rounds.add(comparison_row(strategy, r, precision, runner, result))
+                rounds.add(comparison_row(strategy, r, precision, runner, run_runner(runner, spec)))
         if b["ceiling"]["run"] and not rounds.done(runner=CEILING, repeat=r):  # after the round's strategies
             print(f"ceiling (round {r})", flush=True)
             spec = ceiling_spec(config, out, r)
             rounds.add(comparison_row(CEILING, r, spec["precision"], CEILING,
                                       run_module("ceiling", spec, ceiling.SUMMARY)))
+
+
+def run_runner(runner: str, spec: dict) -> dict:
+    """One run of the comparison: ours under the launcher, or the Trainer in its setting; a setting that cannot run
+    here (Liger not installed, no Liger patch for the model) is its row without a launch. transformers' model_type
+    is the registry family's name."""
+    if runner == "ours":
+        return run_launcher(spec)
+    why_not = trainer.cannot_run(spec["trainer_setting"], MODELS[spec["model"]].family)
+    if why_not:
+        return {**trainer.unavailable(spec, spec["trainer_setting"], why_not), "attempts": 0}
+    return run_module("trainer", spec, trainer.SUMMARY, 2)
 
 
 def compare_summary(df: pd.DataFrame) -> pd.DataFrame:

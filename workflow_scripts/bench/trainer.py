@@ -117,21 +117,28 @@ SETTINGS = tuple(schema.schema()["properties"]["bench"]["properties"]["trainer_s
 SUMMARY = "trainer_summary.json"
 
 
-def setting_arguments(setting: str, model) -> tuple[dict, str | None]:
-    """TrainingArguments keys of a Trainer setting, or why it cannot run here."""
-    if setting == "eager":
-        return {}, None
-    if setting == "compile":
-        return {"torch_compile": True}, None
+def cannot_run(setting: str, model_type: str) -> str | None:
+    """Why a Trainer setting cannot run here for a model of this transformers model_type; None if it can. Asked
+    by the harness before it launches a run (a setting that cannot run costs no torchrun) and by the run itself."""
+    if setting in ("eager", "compile"):
+        return None
     if setting != "liger":
         raise ValueError(f"bench.trainer_settings: unknown setting {setting!r} (one of {', '.join(SETTINGS)})")
     try:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError as exc:
-        return {}, f"liger-kernel is not installed ({exc})"
-    if model.config.model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
-        return {}, f"liger-kernel has no patch for model type {model.config.model_type!r}"
-    return {"use_liger_kernel": True}, None
+        return f"liger-kernel is not installed ({exc})"
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return f"liger-kernel has no patch for model type {model_type!r}"
+    return None
+
+
+def setting_arguments(setting: str, model) -> tuple[dict, str | None]:
+    """TrainingArguments keys of a Trainer setting, or why it cannot run here."""
+    why_not = cannot_run(setting, model.config.model_type)
+    if why_not:
+        return {}, why_not
+    return {"compile": {"torch_compile": True}, "liger": {"use_liger_kernel": True}}.get(setting, {}), None
 
 
 def unavailable(spec: dict, setting: str, reason: str) -> dict:
