@@ -1,7 +1,7 @@
 """The SLURM profile, for real: a reduced study (ddp and fsdp, a few steps) submitted through
 `--profile profiles/slurm` to a single-node SLURM cluster started by tests/slurm_cluster.py, its tables compared
-with those of the default study run locally. Every job must have gone through sbatch: its SLURM job id is in the run's provenance and
-slurmctld knows the job (scontrol, its log) with the resources the profile asked for.
+with those of the default study run locally. Every job must have gone through sbatch: its SLURM job id is in the
+run's provenance and slurmctld knows the job (scontrol, its log) with the resources the profile asked for.
 
     python3 -m pytest tests/test_slurm.py         (as root; skipped with the reason when slurm-wlm/munge are missing)
 """

@@ -74,6 +74,13 @@ def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth():
     assert st.optimizer_seconds(run, flat_rates()) == (pytest.approx(100_000 * 28 / 1000e9), 0.0)
     zero1 = gpt2_run(family="deepspeed", zero_stage=1, layout={"dp": 2})  # states sharded over two ranks
     assert st.optimizer_seconds(zero1, flat_rates())[0] == pytest.approx(50_000 * 28 / 1000e9)
+    # clipped gradients: their norm reads them, the scaling reads and writes them
+    assert st.optimizer_seconds(gpt2_run(grad_clip=True), flat_rates())[0] == pytest.approx(100_000 * 40 / 1000e9)
+    # a MoE layer's MLP width: its shared expert and the top-k routed experts a token passes through
+    moe = mm.Shape("qwen2_moe", n_params=100_000, n_layer=1, d=64, ffn=128, kv=64, head_dim=16, vocab=1000,
+                   experts=8, top_k=2, expert_ffn=32, shared_ffn=128)
+    moved = 32 * (st.MEMORY_BYTES["eager"] * (64 + 128 + 2 * 32) + st.LOSS_BYTES["eager"] * 1000)
+    assert st.memory_seconds(gpt2_run(shape=moe), flat_rates(), 32) == pytest.approx(moved / 1000e9)
 
 
 def test_host_term_is_launches_at_the_calibrated_cost():

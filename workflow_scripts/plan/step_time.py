@@ -18,10 +18,10 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              parameter and moments written), 12 more where the gradients are clipped (their norm, their scaling)
              at `hbm_copy`; optimizer offload: the CPU's AdamW rate (`cpu_adam`)
              and the gradients and parameters over `d2h` / `h2d`;
-  host       what the host issues per step: HOST_OPS[levers] per GPT-2 block and micro-batch (kernel launches and
-             Python, in units of the calibrated eager launch, `launch_us`), other layers in proportion to the
-             kernels they issue (counted on the real layer: plan.traced.layer_kernels; a Qwen2 layer 2.4x, a
-             Qwen2-MoE layer 3.7x), FIXED_OPS per micro-batch, the optimizer's
+  host       what the host issues per step: HOST_OPS[levers] per layer and micro-batch (kernel launches and Python,
+             in units of the calibrated eager launch, `launch_us`; one constant for GPT-2, Qwen2 and ViT blocks), a
+             MoE layer's in proportion to the kernels it issues against a dense layer of its family (counted on the
+             real layer: plan.traced.layer_kernels; 1.52x for Qwen2-MoE), FIXED_OPS per micro-batch, the optimizer's
              launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
              tensor, counted on the model built on the meta device), the gather and reduce hooks a micro-batch:
              FSDP2's HOOK_OPS per layer (once where one unit holds the whole model: Strategy.hooks_per_block),
@@ -235,7 +235,7 @@ class Run:
     trainable: int
     tensors: int  # parameter tensors (DeepSpeed's optimizer launches per tensor)
     modules: int = 0  # modules, with parameters or without (DeepSpeed ZeRO-3 hooks each)
-    kernel_ratio: float = 1.0  # kernels of one layer against a GPT-2 block's (plan.predict.kernel_ratio)
+    kernel_ratio: float = 1.0  # a layer's kernels against a dense layer of its family's (plan.predict.kernel_ratio)
     grad_clip: bool = False  # the gradients clipped to a norm (train.grad_clip > 0): the norm and the scaling
     offload_optimizer: bool = False
     precision: str = "bf16-mixed"
