@@ -376,13 +376,18 @@ def test_local_profile_keys(name):
     assert profile_args(name) if name != "local-cpu" else "apptainer-args" not in profile
 
 
-def test_timed_runs_never_overlap_under_a_local_profile(tmp_path):
-    """Two one-rank runs fit the two cores at once; the profile's timed_runs=1 must still run them one by one."""
-    wd = copy_workflow(tmp_path / "wf")
-    snakemake(wd, "--profile", "profiles/local-cpu", *study_overlay(wd, strategies=["ddp", "fsdp"],
-                                                                     world_sizes=[1]), timeout=600)
+def test_timed_runs_never_overlap_under_a_local_profile(default_study):
+    """Two one-rank runs fit the two cores at once; the profile's timed_runs=1 must still run them one by one. In the
+    default study's folder with its data settings (the prepared data shared), the two training jobs as targets."""
+    wd, results = default_study, "results/timed"
+    (wd / "timed.yaml").write_text(yaml.safe_dump({"results_dir": results, "work_dir": "work/timed",
+                                                   "strategies": ["ddp", "fsdp"], "world_sizes": [1],
+                                                   "train": REDUCED["train"]}))
+    runs = [f"{results}/runs/gpt2-tiny/{strategy}/ws1/r0" for strategy in ("ddp", "fsdp")]
+    snakemake(wd, *[f"{run}/summary.json" for run in runs], "--profile", "profiles/local-cpu",
+              "--configfile", "config.yaml", "timed.yaml", timeout=600)  # targets first: --configfile takes the rest
     spans = sorted((p["start_unix"], p["end_unix"]) for p in (
-        json.loads(f.read_text()) for f in (wd / REDUCED["results_dir"] / "runs").glob("*/*/ws1/r0/provenance.json")))
+        json.loads((wd / run / "provenance.json").read_text()) for run in runs))
     assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans
 
 

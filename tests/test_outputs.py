@@ -12,9 +12,9 @@ from conftest import overlay, snakemake
 SECRETS = {"HF_TOKEN": "hf_" + "s3cretvalue" * 4, "WANDB_API_KEY": "wandbkey" * 5}
 
 
+# the default study's data settings: its prepared data is shared (study.data_dir), nothing prepared again
 REPEATS = {"results_dir": "results/repeats", "work_dir": "work/repeats", "strategies": ["ddp", "fsdp"], "repeats": 2,
-           "train": {"max_steps": 8, "tensorboard": True}, "corpus": {"max_bytes": 400_000},
-           "tokenizer": {"vocab_size": 512},
+           "train": {"max_steps": 8, "tensorboard": True},
            "auto_levers": {"by": "measurement", "candidates": ["eager", "loss", "model_graphs"], "steps": 2}}
 
 
