@@ -16,8 +16,8 @@ from workflow_scripts.training.models import MODELS, image_size, model_spec
 
 
 def shape(model: str, overrides: dict | None, n_params: int, vocab: int, loss_tokens: int = 1) -> mm.Shape:
-    spec = MODELS[model]
-    s = dict(spec.shape, **(overrides or {}))
+    spec = model_spec(model, overrides)
+    s = spec.shape
     d = s.get("n_embd", s.get("hidden_size"))
     heads = s.get("n_head", s.get("num_attention_heads"))
     kv_heads = s.get("num_key_value_heads", heads)

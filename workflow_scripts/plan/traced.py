@@ -14,6 +14,8 @@ what the step-time model's host term scales with from one layer family to anothe
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from workflow_scripts.training.models import MODELS, build_config
@@ -47,20 +49,17 @@ def cannot_trace(model: str, precision: str) -> str | None:
     return None
 
 
-def layer_saved_bytes(model: str, precision: str, micro_batch: int, seq_len: int, overrides: dict | None = None,
-                      device: str | None = None) -> dict:
-    """Bytes autograd saves for one decoder layer, per token: {"per_token": float, "device": str, "tensors": n}.
-    `precision`: fp32 | bf16-mixed | bf16-pure (as training.precision: bf16-pure has bf16 parameters and input)."""
+@contextmanager
+def fake_layer(model: str, dtype, micro_batch: int, seq_len: int, overrides: dict | None, device: str):
+    """One real transformers layer of the model on fake tensors (inside FakeTensorMode on `device`), its input of
+    micro_batch x seq_len tokens (requires grad) and its keyword arguments (a Qwen layer's rotary embeddings)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     family = MODELS[model].family
     # a ViT layer does not depend on the image size: any valid image row builds its config; seq_len = tokens
     row = 1 + 3 * 16 * 16 if family == "vit" else seq_len
     config = build_config(model, vocab_size=256, block_size=row, overrides=overrides)
     config._attn_implementation = "sdpa"
-    dtype = torch.bfloat16 if precision == "bf16-pure" else torch.float32
-    saved: dict[int, int] = {}
     default = torch.get_default_dtype()
     with FakeTensorMode(), torch.device(device):
         torch.set_default_dtype(dtype)
@@ -68,12 +67,23 @@ def layer_saved_bytes(model: str, precision: str, micro_batch: int, seq_len: int
             layer, rotary = _layer(config, family)
         finally:
             torch.set_default_dtype(default)
-        params = {id(p.untyped_storage()) for p in layer.parameters()}
         x = torch.randn(micro_batch, seq_len, config.hidden_size, dtype=dtype, requires_grad=True)
         kwargs = {}
         if rotary is not None:
             positions = torch.arange(seq_len).unsqueeze(0).expand(micro_batch, -1)
             kwargs["position_embeddings"] = rotary(x, positions)
+        yield layer, x, kwargs
+
+
+def layer_saved_bytes(model: str, precision: str, micro_batch: int, seq_len: int, overrides: dict | None = None,
+                      device: str | None = None) -> dict:
+    """Bytes autograd saves for one decoder layer, per token: {"per_token": float, "device": str, "tensors": n}.
+    `precision`: fp32 | bf16-mixed | bf16-pure (as training.precision: bf16-pure has bf16 parameters and input)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if precision == "bf16-pure" else torch.float32
+    saved: dict[int, int] = {}
+    with fake_layer(model, dtype, micro_batch, seq_len, overrides, device) as (layer, x, kwargs):
+        params = {id(p.untyped_storage()) for p in layer.parameters()}
 
         def pack(t):
             key = id(t.untyped_storage())
@@ -102,7 +112,6 @@ def layer_kernels(model: str, overrides: dict | None = None) -> int:
     Qwen2 decoder layer issues 2.4x a GPT-2 block's kernels (its rotary, RMS norms, gated MLP), a Qwen2-MoE layer
     3.7x (router, sort, gather, two grouped GEMMs, scatter and the shared expert): the committed H100 trace of the
     MoE layer (results/parallelism/h100-moe-profile) launched 4.1x a GPT-2-medium block's."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -114,24 +123,9 @@ def layer_kernels(model: str, overrides: dict | None = None) -> int:
                 self.n += 1
             return func(*args, **(kwargs or {}))
 
-    family = MODELS[model].family
-    seq = 1 + 3 * 16 * 16 if family == "vit" else 64
-    config = build_config(model, vocab_size=256, block_size=seq, overrides=overrides)
-    config._attn_implementation = "sdpa"
-    tokens = 257 if family == "vit" else seq  # a 16 x 16 x 3 image's patches + 1 (the row above)
-    default = torch.get_default_dtype()
-    with FakeTensorMode(), torch.device("cpu"):
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            layer, rotary = _layer(config, family)
-        finally:
-            torch.set_default_dtype(default)
-        x = torch.randn(1, tokens, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-        kwargs = {}
-        if rotary is not None:
-            kwargs["position_embeddings"] = rotary(x, torch.arange(tokens).unsqueeze(0))
-        with Count() as count:
-            out = layer(x, **kwargs)
-            out = out[0] if isinstance(out, tuple) else out
-            out.backward(torch.ones_like(out))
+    tokens = 257 if MODELS[model].family == "vit" else 64  # a ViT's 256 patches + its class token
+    with fake_layer(model, torch.bfloat16, 1, tokens, overrides, "cpu") as (layer, x, kwargs), Count() as count:
+        out = layer(x, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(torch.ones_like(out))
     return count.n

@@ -163,8 +163,8 @@ def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | 
     """The transformers config for a registry model with the study's vocabulary and sequence length."""
     from transformers import GPT2Config, Qwen2Config, Qwen2MoeConfig
 
-    spec = MODELS[name]
-    shape = dict(spec.shape, **(overrides or {}))
+    spec = model_spec(name, overrides)
+    shape = dict(spec.shape)
     if spec.family == "vit":  # vocab_size: the classes; block_size: one image row (label + 3 x size x size)
         from transformers import ViTConfig
 
