@@ -47,6 +47,25 @@ def test_cudnn_attention_is_registered_and_falls_back_to_sdpa_on_cpu():
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
 
 
+def test_the_profile_window_ends_the_run_and_a_step_timed_after_a_trace_is_named():
+    """No timed step follows a trace by default (the profiler's after-effect: measure/profile.py); a run profiled
+    before it did is recognised from its metrics.csv rows."""
+    from workflow_scripts import schema
+    from workflow_scripts.measure.profile import window
+
+    cfg = schema.filled("profile", {"enabled": True})  # 1 warm-up + 3 recorded
+    assert window(cfg, timed_from=3, total_steps=30) == range(26, 30)
+    assert window(cfg, timed_from=3, total_steps=5) == range(3, 5)  # a short run: the warm-up and one recorded
+    assert window(cfg, timed_from=3, total_steps=4) == range(3, 3)  # no step left to record: no trace
+    assert window({**cfg, "at": "start", "wait": 2}, timed_from=3, total_steps=30) == range(5, 9)
+
+    def rows(profiled):
+        return [{"step": s, "warmup": s <= 2, "profiled": s in profiled} for s in range(1, 11)]
+
+    assert metrics.timed_after_trace(rows({3, 4, 5, 6}))
+    assert not metrics.timed_after_trace(rows({7, 8, 9, 10})) and not metrics.timed_after_trace(rows(set()))
+
+
 def test_vocab_padding_and_flops():
     assert models.padded_vocab(50257, 64) == 50304 and models.padded_vocab(4096, 64) == 4096
     assert models.flops_per_token(100, 2, 8, 16) == 600 + 12 * 2 * 8 * 16

@@ -82,6 +82,7 @@ BAD_CONFIGS = [
      "train.compile_blocks compiles"),
     ({"strategy_options": {"grad_accum": {"accum_steps": 3}}},  # grad_accum's accumulation rule, in the strategy
      "strategy_options.grad_accum.accum_steps: 3 must divide train.micro_batch_size x grad_accum = 8"),
+    ({"profile": {"enabled": True, "wait": 2}}, "profile.wait: 2 places a window after the timing warm-up"),
 ]
 # a strategy's options (DeepSpeed's against its own config models, DeepSpeedZeroConfig and its offload models) and
 # strategy names: a short error, the closest valid name for a typo (DeepSpeed's own error is 159 lines at run time)

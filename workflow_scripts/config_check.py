@@ -56,7 +56,7 @@ def problems(config: dict, devices: int | None = None) -> list[str]:
              + size_problems(config, devices) + data_problems(config) + bench_problems(config)
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
              + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config)
-             + auto_levers_problems(config) + compiled_zero3_problems(config))
+             + auto_levers_problems(config) + compiled_zero3_problems(config) + profile_problems(config))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
 
 
@@ -65,6 +65,17 @@ def auto_levers_problems(config: dict) -> list[str]:
     if (config.get("auto_levers") or {}).get("by") == "measurement" and config["nodes"] > 1:
         return [f"auto_levers.by: measurement runs its trial on one node (nodes: {config['nodes']}): decide by rule "
                 "or set the levers (train.compile_blocks, compile_loss, compile_model)"]
+    return []
+
+
+def profile_problems(config: dict) -> list[str]:
+    """`wait` places a window that opens after the timing warm-up: meaningless for one at the run's end."""
+    from workflow_scripts import schema
+
+    given = schema.filled("profile", config.get("profile"))
+    if given["wait"] and given["at"] == "end":
+        return [(f"profile.wait: {given['wait']} places a window after the timing warm-up, but the window is at the "
+                 "run's end (profile.at: end, the default): set profile.at: start, or leave wait out")]
     return []
 
 

@@ -1,10 +1,14 @@
 """torch.profiler over a window of training steps, one Kineto trace per rank (config `profile`, default off).
 
-    profile: {enabled: true, wait: 0, warmup: 1, active: 3, ranks: all}
+    profile: {enabled: true, at: end, warmup: 1, active: 3, ranks: all}
 
-The window opens after the run's timing warm-up plus `wait` steps: `warmup` steps traced but discarded (the
-profiler's own start-up), then `active` steps recorded. Those steps carry `profiled = true` in metrics.csv and are
-left out of throughput, MFU and the phase medians (measure.metrics.steady), like the timing warm-up. The trace of
+The window is `warmup` steps traced but discarded (the profiler's own start-up), then `active` steps recorded. With
+`at: end` (the default) they are the run's last steps, so no timed step follows a trace: Kineto leaves CUPTI
+subscribed when a trace ends (pytorch/pytorch#144455), and every later step of the process ran 18 % slower
+(results/bench_harness/h100-profiler-aftereffect: GPT-2-medium, one H100). With `at: start` the window opens
+after the run's timing warm-up plus `wait` steps, and the steps timed after it carry that after-effect. The window's
+steps carry `profiled = true` in metrics.csv and are left out of throughput, MFU and the phase medians
+(measure.metrics.steady), like the timing warm-up. The trace of
 rank r goes to <trace_dir>/rank<r>.json.gz (gzip: a GPU step of a billion-parameter model is tens of MB raw);
 report.traces analyses it. The engine's step is annotated (forward / backward / optimizer) only while tracing.
 """
@@ -23,15 +27,27 @@ def traced_ranks(cfg: dict, world_size: int) -> list[int]:
     return list(range(world_size)) if ranks == "all" else sorted(r for r in ranks if r < world_size)
 
 
+def window(cfg: dict, timed_from: int, total_steps: int) -> range:
+    """The 0-based steps under the profiler (its warm-up, then the recorded ones): the run's last ones (`at: end`),
+    or from `wait` steps after the timing warm-up (`at: start`); never a step of the timing warm-up. Empty where the
+    run leaves no step to record."""
+    steps = cfg["warmup"] + cfg["active"]
+    if cfg["at"] == "end":
+        start = max(total_steps - steps, timed_from)
+    else:
+        start = timed_from + cfg["wait"]
+    stop = min(start + steps, total_steps)
+    return range(start, stop) if stop > start + cfg["warmup"] else range(start, start)
+
+
 class StepProfiler:
     """`with StepProfiler(...) as prof:` around the step loop; `prof.step()` after every step."""
 
     def __init__(self, spec: dict, ctx, first_step: int, total_steps: int):
         cfg = schema.filled("profile", spec.get("profile"))
         self.enabled = bool(cfg["enabled"]) and ctx.rank in traced_ranks(cfg, ctx.world_size)
-        start = first_step + spec["train"]["timing_warmup_steps"] + cfg["wait"]
-        self.window = range(start, min(start + cfg["warmup"] + cfg["active"], total_steps))
-        self.active_from = start + cfg["warmup"]
+        self.window = window(cfg, first_step + spec["train"]["timing_warmup_steps"], total_steps)
+        self.active_from = self.window.start + cfg["warmup"]
         self.path = Path(spec.get("trace_dir") or ".") / f"rank{ctx.rank}.json.gz"
         self.first_step, self.cfg, self.ctx, self.prof, self.written = first_step, cfg, ctx, None, False
 
@@ -45,7 +61,8 @@ class StepProfiler:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.ctx.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        schedule = torch.profiler.schedule(skip_first=self.window.start - self.first_step, wait=0, warmup=self.active_from - self.window.start,
+        schedule = torch.profiler.schedule(skip_first=self.window.start - self.first_step, wait=0,
+                                           warmup=self.active_from - self.window.start,
                                            active=self.window.stop - self.active_from, repeat=1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.prof = torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=self._write,
