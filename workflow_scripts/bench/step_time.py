@@ -11,8 +11,10 @@ its GPU kind (results/calibration/<kind>/, measured once per kind), the launch c
 own calibration where it has one (its machine); else the bus bandwidths of the kind's and the launch cost every
 committed calibration of the kind measured, their median (plan.step_time.kind_host_costs: machines of one kind
 launch at 6-10 µs, the kind's own file holds one machine), and so for the DTensor dispatch of a tensor-parallel
-linear. Compared: the predicted step time against the row's median step time (`step_time_median_s`). Prints a
-markdown table; --out writes it and the rows as CSV.
+linear. Compared: the predicted step time against the row's median step time (`step_time_median_s`). A row whose
+timed steps followed a profiler window in their process (`after_trace`, measure.metrics.timed_after_trace) carries
+the profiler's after-effect: no fit uses it, and each error is given with and without such rows. Prints a markdown
+table; --out writes it and the rows as CSV.
 """
 from __future__ import annotations
 
@@ -106,6 +108,20 @@ def runs_of(rows: pd.DataFrame) -> tuple[pd.DataFrame, list, pd.DataFrame]:
     return rows[keep], out, pd.DataFrame(skipped)
 
 
+def after_trace(row) -> bool:
+    """Whether the row's timed steps followed a profiler window in their process (measure.metrics.timed_after_trace):
+    such a measurement carries the profiler's after-effect, so no fit uses it and the errors are given without it."""
+    import csv
+
+    from workflow_scripts.measure.metrics import timed_after_trace
+
+    path = Path(row["tables"]) / row["run_dir"] / C.METRICS
+    if not path.exists():
+        return False
+    with open(path, newline="") as f:
+        return timed_after_trace(list(csv.DictReader(f)))
+
+
 def predictions(rows: pd.DataFrame, runs: list, results: Path) -> pd.DataFrame:
     cache: dict = {}
     out = []
@@ -116,7 +132,7 @@ def predictions(rows: pd.DataFrame, runs: list, results: Path) -> pd.DataFrame:
                     "layout": json.dumps({k: v for k, v in run.layout.items() if v > 1}) or "{}",
                     "gpus": int(row["world_size"]), "micro_batch": int(row["micro_batch"]), "levers": run.levers,
                     "measured_step_s": measured, "predicted_step_s": p.step_s,
-                    "error": p.step_s / measured - 1, "bound": p.bound,
+                    "error": p.step_s / measured - 1, "bound": p.bound, "after_trace": after_trace(row),
                     **{f"{k}_s": v for k, v in p.parts.items()}})
     return pd.DataFrame(out)
 
@@ -183,6 +199,7 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
     from scipy.optimize import minimize
 
     train = fit_class(pd.DataFrame({"gpus": rows["world_size"].astype(int).values, "set": rows["set"].values}))
+    train &= ~rows.apply(after_trace, axis=1).values
     if same_sets:
         train &= ~held_out(rows).values
     rows, runs = rows[train.values], [r for r, t in zip(runs, train.values) if t]
@@ -244,12 +261,16 @@ def markdown(frame: pd.DataFrame) -> str:
             continue
         mae = part["error"].abs().mean()
         median = part["error"].abs().median()
-        lines += [f"### {name}: {len(part)} rows, mean absolute error {mae:.1%}, median {median:.1%}", "",
+        clean = part[~part["after_trace"]]
+        lines += [(f"### {name}: {len(part)} rows, mean absolute error {mae:.1%}, median {median:.1%}; "
+                   f"without the {len(part) - len(clean)} timed after a trace (†): {len(clean)} rows, "
+                   f"{clean['error'].abs().mean():.1%}"), "",
                   "| set | model | strategy | layout | GPUs | mb | levers | measured s | predicted s | error | bound |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in part.sort_values(["set", "model", "strategy"]).iterrows():
+            dagger = " †" if r["after_trace"] else ""
             lines.append(f"| {r['set']} | {r['model']} | {r['strategy']} | {r['layout']} | {r['gpus']} | "
-                         f"{r['micro_batch']} | {r['levers']} | {r['measured_step_s']:.4f} | "
+                         f"{r['micro_batch']} | {r['levers']} | {r['measured_step_s']:.4f}{dagger} | "
                          f"{r['predicted_step_s']:.4f} | {r['error']:+.1%} | {r['bound']} |")
         lines.append("")
     return "\n".join(lines)
