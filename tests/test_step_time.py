@@ -81,6 +81,14 @@ def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth():
                    experts=8, top_k=2, expert_ffn=32, shared_ffn=128)
     moved = 32 * (st.MEMORY_BYTES["eager"] * (64 + 128 + 2 * 32) + st.LOSS_BYTES["eager"] * 1000)
     assert st.memory_seconds(gpt2_run(shape=moe), flat_rates(), 32) == pytest.approx(moved / 1000e9)
+    # FSDP2 under a bf16 param_dtype casts and copies every parameter it gathers, each micro-batch: with ep 2 a MoE's
+    # routed experts (3 x 8 x 64 x 32 = 49,152 here) are gathered by half; under fp32 parameters nothing is counted
+    fsdp = {"shape": moe, "family": "fsdp", "strategy": "fsdp", "zero_stage": 3}
+    assert st.fsdp_cast_bytes(gpt2_run(**fsdp, precision="bf16-pure")) == st.FSDP_CAST_BYTES * 100_000
+    assert st.fsdp_cast_bytes(gpt2_run(**fsdp, precision="bf16-pure", layout={"dp": 2, "ep": 2})) == \
+        st.FSDP_CAST_BYTES * (100_000 - 49_152 / 2)
+    assert st.fsdp_cast_bytes(gpt2_run(**fsdp, precision="bf16-mixed")) == 0 == st.fsdp_cast_bytes(
+        gpt2_run(shape=moe, precision="bf16-pure"))
 
 
 def test_host_term_is_launches_at_the_calibrated_cost():

@@ -77,6 +77,13 @@ CLIP_BYTES = 12
 # FSDP2's prefetch is taken to hide them behind the backward (no trace of it measured against that yet).
 ZERO3_OVERLAP = 0.1
 DDP_BUCKET = 25 * MIB  # bytes: DistributedDataParallel's default bucket_cap_mb (torch reads it in MiB)
+# FSDP2 with a bf16 param_dtype (bf16-pure's policy over fp32 shards) moves every parameter it gathers through casts
+# and copies each micro-batch: the shard cast to bf16, the gathered copy-out, the gradient's copy-in, its cast back and
+# accumulation. Bytes per gathered parameter and micro-batch: what the profiled MoE row's memory-bound kernels ran
+# beyond the per-token memory term (results/parallelism/h100-moe-profile: 114.2 ms traced against 59.4 modelled, 4
+# micro-batches of 2.90 B parameters at the H100's 2,767 GB/s: 13.1). FSDP2 without a policy (fp32 parameters)
+# copies without casting: no trace has measured it, so it has no such bytes here.
+FSDP_CAST_BYTES = 13
 
 
 @dataclass
@@ -326,7 +333,17 @@ def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
     loss = LOSS_BYTES["compiled" if run.compile_loss else "eager"] * s.vocab / degree(run, "pp")
     if s.family == "vit":
         loss /= s.loss_tokens
-    return tokens * (per_token + loss) / (rates.hbm * GB)
+    return (tokens * (per_token + loss) + fsdp_cast_bytes(run)) / (rates.hbm * GB)
+
+
+def fsdp_cast_bytes(run: Run) -> float:
+    """FSDP2's casts and copies of the parameters it gathers, a micro-batch (FSDP_CAST_BYTES): under a bf16
+    param_dtype only. Gathered: the rank's pipeline stage and tensor shard, a MoE's routed experts split over ep."""
+    if run.family != "fsdp" or not policy(run.precision).bf16_params:
+        return 0.0
+    s = run.shape
+    gathered = (run.trainable - s.expert_params * (1 - 1 / degree(run, "ep"))) / (degree(run, "pp") * degree(run, "tp"))
+    return FSDP_CAST_BYTES * gathered
 
 
 def local_params(run: Run) -> float:
