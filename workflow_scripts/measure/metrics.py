@@ -97,7 +97,7 @@ def steady(rows: list[dict], checkpoint_every: int = 0) -> list[dict]:
 
 def timed_after_trace(rows: list[dict]) -> bool:
     """Whether a step measured for timing (`steady`) ran after a profiled one: once a trace ends, Kineto keeps CUPTI
-    subscribed in the process, and its later steps ran 18 % slower (measure/profile.py says where it was measured).
+    subscribed in the process, and its later steps run slower (measure/profile.py says by how much, and where).
     Runs profiled since `profile.at: end` never do."""
     traced = [int(r["step"]) for r in rows if _true(r.get("profiled"))]
     return bool(traced) and any(int(r["step"]) > min(traced) for r in steady(rows))
