@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from workflow_scripts import study
-from workflow_scripts.schema import did_you_mean, unknown_key
+from workflow_scripts.schema import did_you_mean, filled, unknown_key
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import model_problems, run_problems, unimplemented
@@ -70,9 +70,7 @@ def auto_levers_problems(config: dict) -> list[str]:
 
 def profile_problems(config: dict) -> list[str]:
     """`wait` places a window that opens after the timing warm-up: meaningless for one at the run's end."""
-    from workflow_scripts import schema
-
-    given = schema.filled("profile", config.get("profile"))
+    given = filled("profile", config.get("profile"))
     if given["wait"] and given["at"] == "end":
         return [(f"profile.wait: {given['wait']} places a window after the timing warm-up, but the window is at the "
                  "run's end (profile.at: end, the default): set profile.at: start, or leave wait out")]

@@ -95,7 +95,7 @@ def too_few_steps(row) -> str | None:
 
 
 def runs_of(rows: pd.DataFrame) -> tuple[pd.DataFrame, list, pd.DataFrame]:
-    """(the rows the model covers, their runs, the others with the reason)."""
+    """(the rows the model covers, with `after_trace`; their runs; the others with the reason)."""
     out, keep, skipped = [], [], []
     for _, row in rows.iterrows():
         run = st.run_at(Path(row["tables"]) / row["run_dir"])
@@ -105,7 +105,8 @@ def runs_of(rows: pd.DataFrame) -> tuple[pd.DataFrame, list, pd.DataFrame]:
             skipped.append({"set": row["set"], "model": row["model"], "strategy": row["strategy"], "why": why})
         else:
             out.append(run)
-    return rows[keep], out, pd.DataFrame(skipped)
+    kept = rows[keep]
+    return kept.assign(after_trace=[after_trace(row) for _, row in kept.iterrows()]), out, pd.DataFrame(skipped)
 
 
 def after_trace(row) -> bool:
@@ -132,7 +133,7 @@ def predictions(rows: pd.DataFrame, runs: list, results: Path) -> pd.DataFrame:
                     "layout": json.dumps({k: v for k, v in run.layout.items() if v > 1}) or "{}",
                     "gpus": int(row["world_size"]), "micro_batch": int(row["micro_batch"]), "levers": run.levers,
                     "measured_step_s": measured, "predicted_step_s": p.step_s,
-                    "error": p.step_s / measured - 1, "bound": p.bound, "after_trace": after_trace(row),
+                    "error": p.step_s / measured - 1, "bound": p.bound, "after_trace": bool(row["after_trace"]),
                     **{f"{k}_s": v for k, v in p.parts.items()}})
     return pd.DataFrame(out)
 
@@ -199,7 +200,7 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
     from scipy.optimize import minimize
 
     train = fit_class(pd.DataFrame({"gpus": rows["world_size"].astype(int).values, "set": rows["set"].values}))
-    train &= ~rows.apply(after_trace, axis=1).values
+    train &= ~rows["after_trace"].values.astype(bool)
     if same_sets:
         train &= ~held_out(rows).values
     rows, runs = rows[train.values], [r for r, t in zip(runs, train.values) if t]
