@@ -66,9 +66,10 @@ def unsupported_reason(spec: dict, ctx) -> str | None:
 
 def write_settings(spec: dict, ctx, path: Path) -> None:
     """The strategy's exact settings, for runs whose ranks never wrote them (unsupported, early OOM)."""
+    from workflow_scripts.training.context import with_device
     from workflow_scripts.training.strategies import get as get_strategy
 
-    settings = {**get_strategy(spec["strategy"]).settings(ctx), "layout": ctx.layout.degrees()}
+    settings = {**get_strategy(spec["strategy"]).settings(with_device(ctx)), "layout": ctx.layout.degrees()}
     path.write_text(json.dumps(settings, indent=2, default=str))
 
 
@@ -131,7 +132,7 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
     if refused:
         print("launch: not started:\n  " + "\n  ".join(refused), file=sys.stderr, flush=True)
         return 1
-    ctx = from_spec(spec)  # rank 0's view, before any rank starts
+    ctx = from_spec(spec)  # rank 0's view, before any rank starts (without torch: context.from_spec)
 
     reason = unsupported_reason(spec, ctx)
     if reason:
@@ -252,7 +253,10 @@ def write_result(spec: dict, ctx, rc: int, sampled: dict | None, started: float,
     if rc != 0 and not ooms:
         print(f"training failed with exit code {rc}", flush=True)
         return rc
-    (out_dir / C.PROVENANCE).write_text(json.dumps(provenance.collect(spec, started, ended), indent=2))
+    train_summary = json.loads((out_dir / C.TRAIN_SUMMARY).read_text()) if not ooms else {}
+    measured = train_summary.pop(provenance.TORCH_FACTS, None)
+    (out_dir / C.PROVENANCE).write_text(json.dumps(provenance.collect(spec, started, ended, measured=measured),
+                                                   indent=2))
     if ooms:
         failures = [json.loads(p.read_text()) for p in ooms]
         if not (out_dir / C.METRICS).exists():
@@ -263,7 +267,7 @@ def write_result(spec: dict, ctx, rc: int, sampled: dict | None, started: float,
                    "oom_allocated_bytes": max((f["allocated_bytes"] or 0) for f in failures) or None,
                    "oom_reserved_bytes": max((f["reserved_bytes"] or 0) for f in failures) or None}
     else:
-        summary = json.loads((out_dir / C.TRAIN_SUMMARY).read_text())
+        summary = train_summary
     summary.update(sampler_fields(sampled), study=spec["study"], launch_wall_s=ended - started)
     if "variant" in spec:  # the as-published variant of a study (rules/published.smk)
         summary["variant"] = spec["variant"]

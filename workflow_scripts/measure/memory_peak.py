@@ -19,8 +19,6 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
 ENV = "PIPELINE_MEMORY_PEAK"
 KEEP = ("workflow_scripts/", "transformers/", "deepspeed/", "torch/optim/", "torch/nn/parallel/",
         "torch/distributed/", "torch/utils/checkpoint", "torch/autograd/", "torch/_dynamo/", "torch/_inductor/",
@@ -93,12 +91,16 @@ class MemoryPeak:
 
     def start(self) -> None:
         if self.steps:
+            import torch  # not at the top: the launcher imports refused() and never torch (training/context.py)
+
             self.baseline = torch.cuda.memory_allocated(self.ctx.device)
             torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
 
     def step(self) -> None:
         if not self.steps or self.done:
             return
+        import torch
+
         torch.cuda.synchronize(self.ctx.device)
         snapshot = torch.cuda.memory._snapshot()
         trace = snapshot["device_traces"][self.ctx.device.index or 0]

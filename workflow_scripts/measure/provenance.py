@@ -74,15 +74,26 @@ def device_facts() -> dict:
     return facts
 
 
-def collect(run_cfg: dict, start: float, end: float, study_cfg_hash: str | None = None) -> dict:
+def torch_facts() -> dict:
+    """The facts read through torch (devices; CUDA, NCCL and cuDNN versions; the machine's GPUs and topology). Rank 0
+    records them in its train summary (`TORCH_FACTS`), so the launcher of a run that trained never imports torch
+    (training/context.py says what that costs); it reads them itself for a run that did not."""
+    return {"devices": device_facts(), "machine": machine.facts()}
+
+
+TORCH_FACTS = "torch_facts"  # the train summary's key for them
+
+
+def collect(run_cfg: dict, start: float, end: float, study_cfg_hash: str | None = None,
+            measured: dict | None = None) -> dict:
+    """The run's provenance; `measured`: torch_facts() as rank 0 read them (read here without)."""
     return {
         "git": git_state(),
         "config_hash": study_cfg_hash or config_hash(run_cfg),
         "run_config_hash": config_hash(run_cfg),
         "packages": package_versions(),
         "python": platform.python_version(),
-        "devices": device_facts(),
-        "machine": machine.facts(),
+        **(measured or torch_facts()),
         "host": socket.gethostname(),
         "os": platform.platform(),
         "env": {k: os.environ[k] for k in ENV_FACTS if k in os.environ},

@@ -1,11 +1,17 @@
 """The run context built from the run spec in one place, for the training loop, the launcher (settings and
 platform checks before any rank starts) and the Trainer baseline; the record itself is training/run_context.py
-(which the strategies read, so the registry imported here never imports back)."""
+(which the strategies read, so the registry imported here never imports back).
+
+The launcher's view (no rank) is built without importing torch: its device is None until a strategy's settings
+need one (`with_device`); rank 0 reads the provenance facts that need torch (measure/provenance.torch_facts). A
+run's launcher then never imports torch: 1.1-1.4 s before its ranks start and as much after they end, a run on a
+2-core machine (every test that trains, and the default study's 12 runs).
+"""
 from __future__ import annotations
 
+import dataclasses
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from workflow_scripts import schema
 from workflow_scripts.training.layout import Layout
@@ -13,9 +19,14 @@ from workflow_scripts.training.precision import policy
 from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.strategies import get as get_strategy
 
+if TYPE_CHECKING:
+    import torch
+
 
 def process_env(platform: str) -> tuple[int, int, int, int, torch.device]:
     """(rank, local rank, world size, local world size, device) of this torchrun process; selects its GPU."""
+    import torch
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     if platform == "cpu":
@@ -39,11 +50,10 @@ def init_distributed(spec: dict) -> RunContext:
 
 def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int | None = None,
               device: torch.device | None = None) -> RunContext:
-    """The context of one rank; without a rank (the launcher, before any rank starts) that of rank 0."""
+    """The context of one rank; without a rank (the launcher, before any rank starts) that of rank 0, without a
+    device (`with_device` gives it rank 0's)."""
     t = spec["train"]
     layout = Layout.from_dict(spec.get("layout"), spec["world_size"])
-    if device is None:
-        device = torch.device("cpu") if spec["platform"] == "cpu" else torch.device("cuda", 0)
     if local_world is None:
         local_world = layout.world_size // spec.get("nodes", schema.default("nodes"))
     if "batch" not in spec:
@@ -59,3 +69,12 @@ def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int |
                       betas=tuple(t["betas"]), eps=t["eps"], grad_clip=t["grad_clip"], seed=t["seed"],
                       work_dir=spec["work_dir"], options=options,
                       pipeline_schedule=schema.filled("train", t)["pipeline_schedule"])
+
+
+def with_device(ctx: RunContext) -> RunContext:
+    """The launcher's view with rank 0's device, for what reads it (a strategy's settings: its optimizer's kind)."""
+    if ctx.device is not None:
+        return ctx
+    import torch
+
+    return dataclasses.replace(ctx, device=torch.device("cpu") if ctx.platform == "cpu" else torch.device("cuda", 0))

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from workflow_scripts import columns as C
 from workflow_scripts import schema
 from workflow_scripts.measure import metrics as M
+from workflow_scripts.measure import provenance
 from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.memory_peak import MemoryPeak
 from workflow_scripts.measure.profile import StepProfiler
@@ -302,6 +303,7 @@ def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_
         summary = run_summary(run, rows, val_losses, memory)
         summary["resumed_from_step"] = resumed_from
         summary["checkpoint_fallback"] = fallback  # a damaged checkpoint skipped on resume: which, and why
+        summary[provenance.TORCH_FACTS] = provenance.torch_facts()  # read here, where torch is imported already
         write_metrics(run.out_dir / C.METRICS, rows)
         (run.out_dir / C.TRAIN_SUMMARY).write_text(json.dumps(summary, indent=2))
     dist.barrier()

@@ -8,12 +8,13 @@ validation split, `effective_batch` = micro-batch x accumulation x dp_size is De
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.precision import Precision
+
+if TYPE_CHECKING:  # the launcher builds a context without importing torch (training/context.py)
+    import torch
 
 
 @dataclass
@@ -21,7 +22,7 @@ class RunContext:
     rank: int
     local_rank: int
     local_world_size: int
-    device: torch.device
+    device: torch.device | None  # None in the launcher's view, before any rank starts (context.from_spec)
     platform: str  # cpu | cuda | rocm
     layout: Layout
     precision: Precision
