@@ -37,8 +37,9 @@ VARIANTS = ("off", "window", "window_teardown")
 BEFORE, WINDOW, AFTER = range(5, 15), range(15, 19), range(20, 60)  # 0-based steps
 
 
-def steps(variant: str, micro_batch: int) -> dict:
-    """One process: its blocks' seconds a step (the child's side)."""
+def steps(variant: str, micro_batch: int, wrap=None) -> dict:
+    """One process: its blocks' seconds a step (the child's side); `wrap(model)` returns the module that runs the
+    forward (bench/ddp_wrapper: DistributedDataParallel)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -48,6 +49,7 @@ def steps(variant: str, micro_batch: int) -> dict:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     config = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50304)
     model = GPT2LMHeadModel(config).to(device)
+    forward = wrap(model) if wrap else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
     tokens = torch.randint(0, config.vocab_size, (micro_batch, 1024), device=device)
     spec = {"profile": {"enabled": variant != "off", "at": "start", "wait": WINDOW.start},
@@ -61,7 +63,7 @@ def steps(variant: str, micro_batch: int) -> dict:
                 sync()
                 marks[step] = time.perf_counter()
             with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = model(input_ids=tokens, labels=tokens).loss
+                loss = forward(input_ids=tokens, labels=tokens).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()

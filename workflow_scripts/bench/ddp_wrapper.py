@@ -1,0 +1,96 @@
+"""What does DistributedDataParallel's wrapper cost a host-bound step, apart from any communication? The same model
+unwrapped and under DDP over a one-rank process group, on one GPU.
+
+    python -m workflow_scripts.bench.ddp_wrapper --rounds 4 --out results/bench_harness/<set>
+
+A one-GPU run of the harness trains its model unwrapped (training/strategies/_ddp_engine: one rank's all-reduce is
+the identity), a run of several ranks under DDP; on a 2 x H200 machine the two-GPU step of eager GPT-2-medium ran
+26-33 % slower than the one-GPU step (results/scaling/h200x2-repeats), which the step-time model does not price.
+Over one rank DDP still registers its per-parameter hooks, fills its buckets and all-reduces them (a one-rank NCCL
+all-reduce: a copy), so the difference between the two variants here is the wrapper's own cost on this machine.
+Each variant is its own process, interleaved within a round (the order alternates); the step is bench/
+profiler_aftereffect's (eager GPT-2-medium, bf16 autocast, fused AdamW, clipping, no profiler), the mean of its 40
+steps after the first 20. Writes ddp_wrapper.csv and ddp_wrapper.md: each variant's step, mean and 95% CI, and the
+ratio ddp / plain paired within a round.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+VARIANTS = ("plain", "ddp")
+
+
+def measure(variant: str, micro_batch: int) -> dict:
+    """One process (the child's side)."""
+    from workflow_scripts.bench.profiler_aftereffect import steps
+
+    def ddp(model):
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        cuda = torch.cuda.is_available()
+        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+        return DistributedDataParallel(model, device_ids=[0] if cuda else None)
+
+    return {"step_s": steps("off", micro_batch, wrap=ddp if variant == "ddp" else None)["after_s"]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child(variant: str, micro_batch: int) -> dict:
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    done = subprocess.run([sys.executable, "-m", __spec__.name, "--child", variant, "--micro-batch", str(micro_batch)],
+                          env=env, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def summary(rows: pd.DataFrame) -> pd.DataFrame:
+    from workflow_scripts.report.stats import mean_ci
+
+    out = []
+    for variant, df in rows.groupby("variant", sort=False):
+        step = mean_ci(df.step_s)
+        out.append({"variant": variant, "rounds": step.n, "step (ms)": 1e3 * step.mean,
+                    "± 95% CI": 1e3 * step.half_width})
+    by = rows.pivot(index="round", columns="variant", values="step_s")
+    ratio = mean_ci(by["ddp"] / by["plain"])
+    out.append({"variant": "ddp / plain (ratio, same round)", "rounds": ratio.n, "step (ms)": ratio.mean,
+                "± 95% CI": ratio.half_width})
+    return pd.DataFrame(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(measure(a.child, a.micro_batch)), flush=True)
+        return
+    rows = pd.DataFrame([{"round": r, "variant": v, "micro_batch": a.micro_batch, **child(v, a.micro_batch)}
+                         for r in range(a.rounds) for v in (VARIANTS if r % 2 == 0 else VARIANTS[::-1])])
+    table = summary(rows).to_markdown(index=False, floatfmt=".4g")
+    print(rows.to_string(index=False), table, sep="\n\n")
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        rows.to_csv(a.out / "ddp_wrapper.csv", index=False)
+        (a.out / "ddp_wrapper.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
