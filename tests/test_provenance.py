@@ -41,6 +41,23 @@ def test_commit_is_the_projects_own(tmp_path):
     assert state["commit"] is None and "no .git of its own" in state["why"]
 
 
+def test_the_launcher_starts_the_ranks_without_importing_torch(token_data, tmp_path):
+    """Every check before the ranks start (data, platform, predicted memory) runs without torch, whose import cost
+    each run 1.1-1.4 s on 2 cores; rank 0 reads the facts that need it (provenance.torch_facts)."""
+    from conftest import launch_spec
+
+    spec = launch_spec(token_data, tmp_path, "no-torch")
+    code = ("import json, sys\n"
+            "from workflow_scripts.job import launch\n"
+            "from workflow_scripts.training import graceful_stop\n"
+            "def start(self, cmd, env):\n"
+            "    print('torch' in sys.modules, cmd[-1]); sys.exit(0)\n"
+            "graceful_stop.LauncherStop.start = start\n"
+            f"launch.launch(json.load(open({str(spec)!r})))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1].split() == ["False", str(tmp_path / "no-torch/out/run_spec.json")]
+
+
 def test_the_study_calibrates_its_machine_before_the_timed_runs(default_study):
     """Rule calibrate ran (once) in the default study: host rows measured, GPU and collective rows (the study's 2
     ranks per node) marked not applicable on CPU; every run's provenance carries the machine facts."""
