@@ -19,11 +19,11 @@ import argparse
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
+
+from workflow_scripts.bench import rounds
 
 VARIANTS = ("plain", "ddp")
 
@@ -52,9 +52,7 @@ def free_port() -> int:
 
 def child(variant: str, micro_batch: int) -> dict:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    done = subprocess.run([sys.executable, "-m", __spec__.name, "--child", variant, "--micro-batch", str(micro_batch)],
-                          env=env, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return rounds.child(__spec__.name, ["--child", variant, "--micro-batch", str(micro_batch)], env)
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
@@ -83,13 +81,8 @@ def main(argv=None):
         print(json.dumps(measure(a.child, a.micro_batch)), flush=True)
         return
     rows = pd.DataFrame([{"round": r, "variant": v, "micro_batch": a.micro_batch, **child(v, a.micro_batch)}
-                         for r in range(a.rounds) for v in (VARIANTS if r % 2 == 0 else VARIANTS[::-1])])
-    table = summary(rows).to_markdown(index=False, floatfmt=".4g")
-    print(rows.to_string(index=False), table, sep="\n\n")
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        rows.to_csv(a.out / "ddp_wrapper.csv", index=False)
-        (a.out / "ddp_wrapper.md").write_text(table + "\n")
+                         for r in range(a.rounds) for v in rounds.order(r, VARIANTS)])
+    rounds.write(rows, summary(rows).to_markdown(index=False, floatfmt=".4g"), a.out, "ddp_wrapper")
 
 
 if __name__ == "__main__":

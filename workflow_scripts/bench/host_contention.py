@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from workflow_scripts.bench import rounds
+
 VARIANTS = ("alone", "beside")
 
 
@@ -89,15 +91,9 @@ def main(argv=None):
     import torch
 
     gpus = a.gpus or torch.cuda.device_count()
-    rows = pd.DataFrame([{"round": r, **row} for r in range(a.rounds)
-                         for v in (VARIANTS if r % 2 == 0 else VARIANTS[::-1])
+    rows = pd.DataFrame([{"round": r, **row} for r in range(a.rounds) for v in rounds.order(r, VARIANTS)
                          for row in round_of(v, gpus, a.micro_batch, a.lead_s)])
-    table = summary(rows).to_markdown(index=False, floatfmt=".4g")
-    print(rows.to_string(index=False), table, sep="\n\n")
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        rows.to_csv(a.out / "host_contention.csv", index=False)
-        (a.out / "host_contention.md").write_text(table + "\n")
+    rounds.write(rows, summary(rows).to_markdown(index=False, floatfmt=".4g"), a.out, "host_contention")
 
 
 if __name__ == "__main__":

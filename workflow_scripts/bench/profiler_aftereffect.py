@@ -24,14 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
+
+from workflow_scripts.bench import rounds
 
 VARIANTS = ("off", "window", "window_teardown")
 BEFORE, WINDOW, AFTER = range(5, 15), range(15, 19), range(20, 60)  # 0-based steps
@@ -78,16 +78,14 @@ def steps(variant: str, micro_batch: int, wrap=None) -> dict:
 def child(variant: str, micro_batch: int) -> dict:
     env = {**os.environ, "TEARDOWN_CUPTI": "1"} if variant == "window_teardown" else {
         k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}
-    done = subprocess.run([sys.executable, "-m", __spec__.name, "--child", variant, "--micro-batch", str(micro_batch)],
-                          env=env, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return rounds.child(__spec__.name, ["--child", variant, "--micro-batch", str(micro_batch)], env)
 
 
-def summary(rounds: pd.DataFrame) -> pd.DataFrame:
+def summary(done: pd.DataFrame) -> pd.DataFrame:
     from workflow_scripts.report.stats import mean_ci
 
     rows = []
-    for variant, df in rounds.groupby("variant", sort=False):
+    for variant, df in done.groupby("variant", sort=False):
         ratio, paired, before, after = (mean_ci(df[c]) for c in ("after_over_before", "after_over_off", "before_s",
                                                                   "after_s"))
         rows.append({"variant": variant, "rounds": ratio.n, "before (ms)": 1e3 * before.mean,
@@ -108,16 +106,10 @@ def main(argv=None):
         return
     rows = [{"round": r, "variant": v, "micro_batch": a.micro_batch, **child(v, a.micro_batch)}
             for r in range(a.rounds) for v in VARIANTS]
-    rounds = pd.DataFrame(rows).assign(after_over_before=lambda d: d.after_s / d.before_s)
-    off_after = rounds[rounds.variant == "off"].set_index("round").after_s
-    rounds["after_over_off"] = rounds.after_s / rounds["round"].map(off_after)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        rounds.to_csv(a.out / "profiler_aftereffect.csv", index=False)
-    table = summary(rounds).to_markdown(index=False, floatfmt=".4g")
-    print(rounds.to_string(index=False), table, sep="\n\n")
-    if a.out:
-        (a.out / "profiler_aftereffect.md").write_text(table + "\n")
+    done = pd.DataFrame(rows).assign(after_over_before=lambda d: d.after_s / d.before_s)
+    off_after = done[done.variant == "off"].set_index("round").after_s
+    done["after_over_off"] = done.after_s / done["round"].map(off_after)
+    rounds.write(done, summary(done).to_markdown(index=False, floatfmt=".4g"), a.out, "profiler_aftereffect")
 
 
 if __name__ == "__main__":

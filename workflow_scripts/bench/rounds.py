@@ -1,0 +1,28 @@
+"""What the benchmarks of one process per variant share (bench/profiler_aftereffect, ddp_wrapper, host_contention):
+the variants' order within a round, a child process's answer, and the rounds written beside their summary."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def order(round_: int, variants: tuple) -> tuple:
+    """The variants of one round: as given in even rounds, reversed in odd ones (no variant always runs first)."""
+    return variants if round_ % 2 == 0 else variants[::-1]
+
+
+def child(module: str, args: list[str], env: dict | None = None) -> dict:
+    """Run `python -m module args` to its end; its answer is the JSON on the last line of its output."""
+    done = subprocess.run([sys.executable, "-m", module, *args], env=env, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def write(rows, table: str, out: Path | None, name: str) -> None:
+    """Print the rounds (a DataFrame) and their summary (Markdown); with `out`, <name>.csv and <name>.md there."""
+    print(rows.to_string(index=False), table, sep="\n\n")
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        rows.to_csv(out / f"{name}.csv", index=False)
+        (out / f"{name}.md").write_text(table + "\n")
