@@ -63,8 +63,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
         step = mean_ci(df.step_s)
         out.append({"variant": variant, "rounds": step.n, "step (ms)": 1e3 * step.mean,
                     "± 95% CI": 1e3 * step.half_width})
-    by = rows.pivot(index="round", columns="variant", values="step_s")
-    ratio = mean_ci(by["ddp"] / by["plain"])
+    ratio = rounds.paired(rows, "step_s", "ddp", "plain")
     out.append({"variant": "ddp / plain (ratio, same round)", "rounds": ratio.n, "step (ms)": ratio.mean,
                 "± 95% CI": ratio.half_width})
     return pd.DataFrame(out)

@@ -54,21 +54,20 @@ def round_of(variant: str, gpus: int, micro_batch: int, lead_s: float) -> list[d
         out, _ = proc.communicate()
         if proc.returncode:
             raise RuntimeError(f"{variant} process on GPU {gpu} failed (exit code {proc.returncode})")
-        rows.append({"variant": variant, "gpu": gpu, "processes": len(procs), **json.loads(out.splitlines()[-1])})
+        rows.append({"variant": variant, "gpu": gpu, "processes": len(procs), **rounds.answer(out)})
     return rows
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
     from workflow_scripts.report.stats import mean_ci
 
-    first = rows[rows.gpu == 0].pivot(index="round", columns="variant", values=["launch_us", "step_s"])
     out = []
     for variant, df in rows.groupby("variant", sort=False):
         launch, step = mean_ci(df.launch_us), mean_ci(df.step_s)
         out.append({"variant": variant, "processes": int(df.processes.max()), "runs": launch.n,
                     "launch (µs)": launch.mean, "± 95% CI": launch.half_width, "step (ms)": 1e3 * step.mean,
                     "± 95% CI ": 1e3 * step.half_width})
-    launch, step = (mean_ci(first[name]["beside"] / first[name]["alone"]) for name in ("launch_us", "step_s"))
+    launch, step = (rounds.paired(rows[rows.gpu == 0], name, "beside", "alone") for name in ("launch_us", "step_s"))
     out.append({"variant": "GPU 0: beside / alone (ratios)", "runs": launch.n, "launch (µs)": launch.mean,
                 "± 95% CI": launch.half_width, "step (ms)": step.mean, "± 95% CI ": step.half_width})
     return pd.DataFrame(out)

@@ -13,10 +13,24 @@ def order(round_: int, variants: tuple) -> tuple:
     return variants if round_ % 2 == 0 else variants[::-1]
 
 
+def answer(stdout: str) -> dict:
+    """A child's answer: the JSON on the last line of its output (libraries may print before it)."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
 def child(module: str, args: list[str], env: dict | None = None) -> dict:
-    """Run `python -m module args` to its end; its answer is the JSON on the last line of its output."""
+    """Run `python -m module args` to its end; its answer."""
     done = subprocess.run([sys.executable, "-m", module, *args], env=env, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return answer(done.stdout)
+
+
+def paired(rows, value: str, over: str, under: str):
+    """mean_ci of `value`'s ratio variant `over` / variant `under` within each round (rows: one per round and
+    variant)."""
+    from workflow_scripts.report.stats import mean_ci
+
+    by = rows.pivot(index="round", columns="variant", values=value)
+    return mean_ci(by[over] / by[under])
 
 
 def write(rows, table: str, out: Path | None, name: str) -> None:
