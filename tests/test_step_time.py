@@ -55,6 +55,20 @@ def test_gemm_term_counts_forward_and_both_gradients_of_every_matmul():
     assert st.gemm_seconds(half, flat_rates(), 32) == pytest.approx((3 * per_token + blocks / 2) * 32 / 100e12)
 
 
+def test_a_matmul_with_an_odd_width_runs_at_the_calibrated_share_of_the_rate():
+    # the head of a vocabulary of 1,001 rows (not a multiple of 8): its three matmuls at UNALIGNED_SHARE of 100
+    # TFLOP/s, or at the calibration's own rate for such matmuls where it measured one
+    odd = gpt2_run(shape=mm.Shape("gpt2", n_params=100_000, n_layer=1, d=64, ffn=256, kv=64, head_dim=16, vocab=1001))
+    blocks = 2 * (64 * 192 + 64 * 64 + 64 * 256 + 256 * 64)
+    head = 2 * 64 * 1001
+    share = st.UNALIGNED_SHARE
+    assert st.gemm_seconds(odd, flat_rates(), 32) == pytest.approx(3 * 32 * (blocks + head / share) / 100e12)
+    measured = flat_rates(matmul_unaligned=20.0)
+    assert st.matmul_tflops(measured, 32, 64, 1001) == pytest.approx(20.0)
+    assert st.matmul_tflops(measured, 32, 64, 1000) == pytest.approx(100.0)
+    assert st.gemm_seconds(odd, measured, 32) == pytest.approx(3 * 32 * (blocks / 100e12 + head / 20e12))
+
+
 def test_attention_term_is_sdpa_forward_and_backward_at_its_masks_rate():
     # 4 heads of 16, sequence 32: 4 s^2 h e / 2 forward (causal), 3.5x that forward + backward
     flops = 3.5 * 4 * 1 * 4 * 32 * 32 * 16 / 2

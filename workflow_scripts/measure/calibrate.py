@@ -24,6 +24,10 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and SDPA
                          forward + backward TFLOP/s over mask (causal, full) x sequence x head dimension, both
                          replayed from CUDA graphs (the device's rates): the step-time model's rates;
+- matmul_bf16_unaligned  (GPU 0) TFLOP/s of a linear whose output width is not a multiple of 8, forward and both
+                         gradients (UNALIGNED: GPT-2's unpadded 50,257-row head over 8 k tokens), replayed from a
+                         CUDA graph: cuBLAS falls back to slower kernels for it (the step-time model's rate for such
+                         GEMMs);
 - per world size n > 1 on one node: all_reduce and all_gather bus bandwidth (nccl-tests convention: all-reduce
                          algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB, torchrun with n processes.
 On CPU the GPU and collective rows are present with value None and detail "not applicable (cpu)" (CPU studies
@@ -46,6 +50,7 @@ from workflow_scripts.units import GB, GIB, MB
 LAUNCHES = 20_000
 GEMM_M = (2048, 8192, 32768)  # tokens of a micro-batch on one device
 GEMM_KN = (768, 2048, 4096, 8192, 65536)  # hidden, MLP and vocabulary widths
+UNALIGNED = (8192, 1024, 50257)  # m x k x n: tokens x hidden x an odd vocabulary (GPT-2's 50,257 rows unpadded)
 SDPA_SEQ = (256, 512, 1024, 2048, 4096)  # a ViT's 197-257 patches to long language-model contexts
 SDPA_HEAD_DIM = (64, 80, 128)
 HOST_WIDTH, HOST_TOKENS = 256, 128  # small linears: the host sets their pace, not the GPU (the host-cost rows)
@@ -172,6 +177,24 @@ def matmul_curve(rounds: int) -> list[dict]:
     return out
 
 
+def unaligned_matmul_row(rounds: int) -> dict:
+    """The bf16 rate of a linear whose output width n is odd (UNALIGNED): y = x W^T, dx = dy W, dW = dy^T x, as a
+    language model's head computes them where the vocabulary is not padded to a multiple of 8 (train.embedding_rows);
+    one rate over the three."""
+    import torch
+
+    m, k, n = UNALIGNED
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+
+    def body():
+        x @ w.t(), dy @ w, dy.t() @ x
+
+    return row("matmul_bf16_unaligned", replayed_tflops(body, 3 * 2 * m * k * n, rounds), "TFLOP/s",
+               f"{m} x {k} x {n}: y = x W^T, dx = dy W, dW = dy^T x, replayed from a CUDA graph")
+
+
 def replayed_tflops(body, flops: float, rounds: int) -> float:
     """TFLOP/s of body() (`flops` a call) on GPU 0's device: as many calls as make about 2 TFLOP (1 to 50) captured
     in a CUDA graph, the graph replayed (the kernels' time, not the host's launches: those are the step-time model's
@@ -238,13 +261,13 @@ def gpu_rows(rounds: int) -> list[dict]:
 
     if not torch.cuda.is_available():
         return [row(n, None, u, "not applicable (cpu)") for n, u in
-                (("matmul_bf16", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"), ("tp_linear_us", "us"),
+                (("matmul_bf16", "TFLOP/s"), ("matmul_bf16_unaligned", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"), ("tp_linear_us", "us"),
                  ("zero3_tensor_us", "us"), ("zero3_module_us", "us"))]
     out = []
     for i in range(torch.cuda.device_count()):
         out += one_gpu(i, rounds)
         torch.cuda.empty_cache()
-    return out + [tp_linear_row(rounds), *zero3_host_rows(rounds)]
+    return out + [unaligned_matmul_row(rounds), tp_linear_row(rounds), *zero3_host_rows(rounds)]
 
 
 def tp_linear_row(rounds: int) -> dict:

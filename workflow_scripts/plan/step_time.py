@@ -6,7 +6,10 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
 
   gemm       every matmul of the blocks and the head, forward, input gradient and (trainable weights) weight
              gradient, each at the calibrated bf16 rate for its shape m x k x n (curve `matmul_bf16`, interpolated
-             in log space); tensor parallelism divides the sharded widths by tp; checkpointing adds a forward;
+             in log space); tensor parallelism divides the sharded widths by tp; checkpointing adds a forward; a
+             matmul with a width not a multiple of ALIGN (an unpadded vocabulary: train.embedding_rows) at the
+             calibrated share of that rate cuBLAS's fallback kernels reach (`matmul_bf16_unaligned`; UNALIGNED_SHARE
+             where the calibration has no such row);
   attention  SDPA, forward + backward, at the calibrated rate for its mask, sequence and head dimension (curve
              `sdpa_bf16`), 4 s^2 h e FLOPs forward (half of it causal: language models; full: ViT), 2.5x that
              backward;
@@ -52,7 +55,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from workflow_scripts.measure.calibrate import ZERO3_STACK_MODULES_PER_TENSOR
+from workflow_scripts.measure.calibrate import UNALIGNED, ZERO3_STACK_MODULES_PER_TENSOR
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan.bound import BUSBW
 from workflow_scripts.training.precision import policy
@@ -76,6 +79,13 @@ CLIP_BYTES = 12
 # NCCL kernels overlapped 7.6 % and 12.0 % on the two ranks: results/vit/h200x2-zero3-traces, BENCHMARKS.md Part 6c);
 # FSDP2's prefetch is taken to hide them behind the backward (no trace of it measured against that yet).
 ZERO3_OVERLAP = 0.1
+# A matmul whose m, k or n is not a multiple of ALIGN elements (16 bytes of bf16) runs on cuBLAS's fallback kernels
+# (sm75 tensor-op GEMMs on an H200): GPT-2-medium's unpadded 50,257-row head over 8 k tokens ran its forward and two
+# gradients at 122-123 TFLOP/s in all six traces of results/scaling/h200x2-ddp-traces (20.6 ms a step), 0.18 of
+# the rate its calibration's curve gives the same shapes padded (3.7 ms). The share where a calibration has no
+# matmul_bf16_unaligned row (measure/calibrate.py measures it since then).
+ALIGN = 8
+UNALIGNED_SHARE = 0.18
 DDP_BUCKET = 25 * MIB  # bytes: DistributedDataParallel's default bucket_cap_mb (torch reads it in MiB)
 # FSDP2 with a bf16 param_dtype (bf16-pure's policy over fp32 shards) moves every parameter it gathers through casts
 # and copies each micro-batch: the shard cast to bf16, the gathered copy-out, the gradient's copy-in, its cast back and
@@ -101,6 +111,7 @@ class Rates:
     tp_linear_us: float | None = None  # a tensor-parallel linear's DTensor dispatch, forward + backward, on the host
     zero3_tensor_us: float | None = None  # DeepSpeed ZeRO-3's host time per parameter tensor and step, beyond torch's
     zero3_module_us: float | None = None  # and what each module adds to it (its hooks)
+    matmul_unaligned: float | None = None  # TFLOP/s of calibrate.UNALIGNED's three matmuls (an odd output width)
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
@@ -134,7 +145,7 @@ class Rates:
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
                    tp_linear_us=rows.get("tp_linear_us"), zero3_tensor_us=rows.get("zero3_tensor_us"),
-                   zero3_module_us=rows.get("zero3_module_us"),
+                   zero3_module_us=rows.get("zero3_module_us"), matmul_unaligned=rows.get("matmul_bf16_unaligned"),
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
                                None))
 
@@ -294,6 +305,23 @@ def gemms(s: mm.Shape, tokens: int, tp: int) -> list[tuple[int, int, int, int]]:
     return layer + [(head_tokens, d, s.vocab, -1)]
 
 
+def unaligned_share(rates: Rates) -> float:
+    """The share of the calibrated (aligned) rate a matmul with an odd width reaches: the calibration's
+    matmul_bf16_unaligned against the curve's rate for the same three matmuls, or UNALIGNED_SHARE."""
+    if rates.matmul_unaligned is None:
+        return UNALIGNED_SHARE
+    m, k, n = UNALIGNED
+    aligned_s = sum(1.0 / interpolate(rates.matmul, shape) for shape in ((m, k, n), (m, n, k), (k, m, n)))
+    return rates.matmul_unaligned * aligned_s / 3.0
+
+
+def matmul_tflops(rates: Rates, m: int, k: int, n: int) -> float:
+    """The calibrated rate of an (m x k) @ (k x n) matmul (unaligned_share of it where a width is not a multiple of
+    ALIGN)."""
+    rate = interpolate(rates.matmul, (m, k, n))
+    return rate if m % ALIGN == k % ALIGN == n % ALIGN == 0 else rate * unaligned_share(rates)
+
+
 def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
     """One micro-batch's matmuls, forward and backward (and the checkpointed forward again) on this rank."""
     layers = run.shape.n_layer / degree(run, "pp")
@@ -302,9 +330,9 @@ def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
     for m, k, n, count in gemms(run.shape, tokens, degree(run, "tp")):
         times = layers * count if count > 0 else 1.0 / degree(run, "pp")
         flops = 2.0 * m * k * n
-        forward = flops / (interpolate(rates.matmul, (m, k, n)) * 1e12)
-        grad_input = flops / (interpolate(rates.matmul, (m, n, k)) * 1e12)
-        grad_weight = flops / (interpolate(rates.matmul, (k, m, n)) * 1e12) if trains_weights else 0.0
+        forward = flops / (matmul_tflops(rates, m, k, n) * 1e12)
+        grad_input = flops / (matmul_tflops(rates, m, n, k) * 1e12)
+        grad_weight = flops / (matmul_tflops(rates, k, m, n) * 1e12) if trains_weights else 0.0
         again = forward * run.matmuls_recomputed if run.checkpointing and count > 0 else 0.0
         total += times * (forward + grad_input + grad_weight + again)
     return total
