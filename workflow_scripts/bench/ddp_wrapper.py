@@ -12,6 +12,12 @@ Each variant is its own process, interleaved within a round (the order alternate
 profiler_aftereffect's (eager GPT-2-medium, bf16 autocast, fused AdamW, clipping, no profiler), the mean of its 40
 steps after the first 20. Writes ddp_wrapper.csv and ddp_wrapper.md: each variant's step, mean and 95% CI, and the
 ratio ddp / plain paired within a round.
+
+`--blocks` compiles each of the model's blocks first (the harness's compiled-blocks lever, a host-bound step) and adds
+a third variant, `ddp_one_bucket`: DDP with one bucket of the whole model (`bucket_cap_mb` 10,000). torch.compile
+under DDP splits a compiled region at the bucket boundaries (dynamo's DDPOptimizer), so ddp against ddp_one_bucket
+is the cost of those splits, and ddp_one_bucket against plain the cost of DDP's per-parameter hooks and bucket copies
+(results/scaling/h200x2-ddp-traces: where DDP's two-GPU compiled step loses its time).
 """
 from __future__ import annotations
 
@@ -26,9 +32,11 @@ import pandas as pd
 from workflow_scripts.bench import rounds
 
 VARIANTS = ("plain", "ddp")
+BLOCK_VARIANTS = VARIANTS + ("ddp_one_bucket",)
+ONE_BUCKET_MB = 10_000  # more than any model here: DDP holds it in one bucket
 
 
-def measure(variant: str, micro_batch: int) -> dict:
+def measure(variant: str, micro_batch: int, blocks: bool = False) -> dict:
     """One process (the child's side)."""
     from workflow_scripts.bench.profiler_aftereffect import steps
 
@@ -39,9 +47,10 @@ def measure(variant: str, micro_batch: int) -> dict:
 
         cuda = torch.cuda.is_available()
         dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
-        return DistributedDataParallel(model, device_ids=[0] if cuda else None)
+        bucket = {"bucket_cap_mb": ONE_BUCKET_MB} if variant == "ddp_one_bucket" else {}
+        return DistributedDataParallel(model, device_ids=[0] if cuda else None, **bucket)
 
-    return {"step_s": steps("off", micro_batch, wrap=ddp if variant == "ddp" else None)["after_s"]}
+    return {"step_s": steps("off", micro_batch, wrap=None if variant == "plain" else ddp, blocks=blocks)["after_s"]}
 
 
 def free_port() -> int:
@@ -50,9 +59,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child(variant: str, micro_batch: int) -> dict:
+def child(variant: str, micro_batch: int, blocks: bool) -> dict:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    return rounds.child(__spec__.name, ["--child", variant, "--micro-batch", str(micro_batch)], env)
+    args = ["--child", variant, "--micro-batch", str(micro_batch)] + (["--blocks"] if blocks else [])
+    return rounds.child(__spec__.name, args, env)
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
@@ -63,9 +73,11 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
         step = mean_ci(df.step_s)
         out.append({"variant": variant, "rounds": step.n, "step (ms)": 1e3 * step.mean,
                     "± 95% CI": 1e3 * step.half_width})
-    ratio = rounds.paired(rows, "step_s", "ddp", "plain")
-    out.append({"variant": "ddp / plain (ratio, same round)", "rounds": ratio.n, "step (ms)": ratio.mean,
-                "± 95% CI": ratio.half_width})
+    for over, under in (("ddp", "plain"), ("ddp_one_bucket", "plain"), ("ddp", "ddp_one_bucket")):
+        if over in set(rows.variant):
+            ratio = rounds.paired(rows, "step_s", over, under)
+            out.append({"variant": f"{over} / {under} (ratio, same round)", "rounds": ratio.n,
+                        "step (ms)": ratio.mean, "± 95% CI": ratio.half_width})
     return pd.DataFrame(out)
 
 
@@ -74,13 +86,16 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--blocks", action="store_true", help="compile each block first (a host-bound step)")
+    ap.add_argument("--child", choices=BLOCK_VARIANTS, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(measure(a.child, a.micro_batch)), flush=True)
+        print(json.dumps(measure(a.child, a.micro_batch, a.blocks)), flush=True)
         return
-    rows = pd.DataFrame([{"round": r, "variant": v, "micro_batch": a.micro_batch, **child(v, a.micro_batch)}
-                         for r in range(a.rounds) for v in rounds.order(r, VARIANTS)])
+    variants = BLOCK_VARIANTS if a.blocks else VARIANTS
+    rows = pd.DataFrame([{"round": r, "variant": v, "micro_batch": a.micro_batch, "blocks": a.blocks,
+                          **child(v, a.micro_batch, a.blocks)}
+                         for r in range(a.rounds) for v in rounds.order(r, variants)])
     rounds.write(rows, summary(rows).to_markdown(index=False, floatfmt=".4g"), a.out, "ddp_wrapper")
 
 

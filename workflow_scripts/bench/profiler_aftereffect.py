@@ -37,9 +37,10 @@ VARIANTS = ("off", "window", "window_teardown")
 BEFORE, WINDOW, AFTER = range(5, 15), range(15, 19), range(20, 60)  # 0-based steps
 
 
-def steps(variant: str, micro_batch: int, wrap=None) -> dict:
+def steps(variant: str, micro_batch: int, wrap=None, blocks: bool = False) -> dict:
     """One process: its blocks' seconds a step (the child's side); `wrap(model)` returns the module that runs the
-    forward (bench/ddp_wrapper: DistributedDataParallel)."""
+    forward (bench/ddp_wrapper: DistributedDataParallel); `blocks` compiles each block first, as the harness's
+    compiled-blocks lever does (training/strategies/engine.compile_blocks)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -49,6 +50,8 @@ def steps(variant: str, micro_batch: int, wrap=None) -> dict:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     config = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50304)
     model = GPT2LMHeadModel(config).to(device)
+    for block in model.transformer.h if blocks else ():
+        block.compile()
     forward = wrap(model) if wrap else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
     tokens = torch.randint(0, config.vocab_size, (micro_batch, 1024), device=device)
