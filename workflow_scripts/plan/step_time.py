@@ -315,11 +315,11 @@ def unaligned_share(rates: Rates) -> float:
     return rates.matmul_unaligned * aligned_s / 3.0
 
 
-def matmul_tflops(rates: Rates, m: int, k: int, n: int) -> float:
-    """The calibrated rate of an (m x k) @ (k x n) matmul (unaligned_share of it where a width is not a multiple of
-    ALIGN)."""
-    rate = interpolate(rates.matmul, (m, k, n))
-    return rate if m % ALIGN == k % ALIGN == n % ALIGN == 0 else rate * unaligned_share(rates)
+def width_share(rates: Rates, k: int, n: int) -> float:
+    """The share of the calibrated rate a matmul of widths k -> n reaches: 1, or unaligned_share where k or n (the
+    operands' and the output's leading dimensions, in the forward and both gradients; the token count m is none) is
+    not a multiple of ALIGN."""
+    return 1.0 if k % ALIGN == n % ALIGN == 0 else unaligned_share(rates)
 
 
 def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
@@ -329,10 +329,10 @@ def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
     total = 0.0
     for m, k, n, count in gemms(run.shape, tokens, degree(run, "tp")):
         times = layers * count if count > 0 else 1.0 / degree(run, "pp")
-        flops = 2.0 * m * k * n
-        forward = flops / (matmul_tflops(rates, m, k, n) * 1e12)
-        grad_input = flops / (matmul_tflops(rates, m, n, k) * 1e12)
-        grad_weight = flops / (matmul_tflops(rates, k, m, n) * 1e12) if trains_weights else 0.0
+        flops = 2.0 * m * k * n / width_share(rates, k, n)  # as many as the aligned rate would take as long for
+        forward = flops / (interpolate(rates.matmul, (m, k, n)) * 1e12)
+        grad_input = flops / (interpolate(rates.matmul, (m, n, k)) * 1e12)
+        grad_weight = flops / (interpolate(rates.matmul, (k, m, n)) * 1e12) if trains_weights else 0.0
         again = forward * run.matmuls_recomputed if run.checkpointing and count > 0 else 0.0
         total += times * (forward + grad_input + grad_weight + again)
     return total
