@@ -1,0 +1,106 @@
+"""What does DDP's second rank cost a compiled-blocks step, and how much of it is the all-reduce? The step on one GPU
+unwrapped, on two GPUs under DDP, and on two GPUs under DDP whose buckets are not communicated.
+
+    python -m workflow_scripts.bench.ddp_two_ranks --rounds 3 --out results/bench_harness/<set>
+
+The scaling study's GPT-2-medium DDP step ran 13-29 ms slower on two H200 than on one (results/scaling/
+h200x2-ddp-traces), which the step-time model does not price: DDP over one rank costs the same step 4.4 ms
+(bench.ddp_wrapper --blocks), so the rest needs the second rank. Variants, each its own torchrun of one or two
+processes, interleaved within a round (the order alternates): `one_gpu` (one process, the model unwrapped, as the
+harness runs one rank), `ddp` (two ranks, DDP's default 25 MB buckets and NCCL all-reduces) and `ddp_no_comm` (two
+ranks, DDP with a communication hook that hands each bucket back as it is: the reducer's hooks, copies and the
+compiled blocks' bucket splits without any collective; the ranks then train apart, so this variant times, it does not
+train). The step is bench/profiler_aftereffect's (bf16 autocast, fused AdamW, clipping, each block compiled first,
+micro-batch 8 a rank, no profiler), rank 0's mean of its 40 steps after the first 20. Writes ddp_two_ranks.csv and
+ddp_two_ranks.md: each variant's step, mean and 95% CI, and the ratios paired within a round.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from workflow_scripts.bench import rounds
+from workflow_scripts.bench.ddp_wrapper import free_port
+
+VARIANTS = ("one_gpu", "ddp", "ddp_no_comm")
+RATIOS = (("ddp", "one_gpu"), ("ddp_no_comm", "one_gpu"), ("ddp", "ddp_no_comm"))
+
+
+def measure(variant: str, micro_batch: int) -> dict:
+    """One rank (the child's side): rank 0 answers."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from workflow_scripts.bench.profiler_aftereffect import steps
+
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank)
+
+    def ddp(model):
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        module = DistributedDataParallel(model, device_ids=[rank] if torch.cuda.is_available() else None)
+        if variant == "ddp_no_comm":
+            def as_it_is(state, bucket):
+                done = torch.futures.Future()
+                done.set_result(bucket.buffer())
+                return done
+            module.register_comm_hook(None, as_it_is)
+        return module
+
+    step_s = steps("off", micro_batch, wrap=None if variant == "one_gpu" else ddp, blocks=True)["after_s"]
+    if variant != "one_gpu":
+        dist.destroy_process_group()
+    return {"step_s": step_s, "ranks": 1 if variant == "one_gpu" else 2}
+
+
+def child(variant: str, micro_batch: int) -> dict:
+    """A torchrun of the variant's processes to its end; rank 0's answer (the last line of its output)."""
+    ranks = 1 if variant == "one_gpu" else 2
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={free_port()}",
+           "--local-ranks-filter=0", "-m", __spec__.name, "--child", variant, "--micro-batch", str(micro_batch)]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return rounds.answer(done.stdout)
+
+
+def summary(rows: pd.DataFrame) -> pd.DataFrame:
+    from workflow_scripts.report.stats import mean_ci
+
+    out = []
+    for variant, df in rows.groupby("variant", sort=False):
+        step = mean_ci(df.step_s)
+        out.append({"variant": variant, "rounds": step.n, "step (ms)": 1e3 * step.mean,
+                    "± 95% CI": 1e3 * step.half_width})
+    for over, under in RATIOS:
+        ratio = rounds.paired(rows, "step_s", over, under)
+        out.append({"variant": f"{over} / {under} (ratio, same round)", "rounds": ratio.n, "step (ms)": ratio.mean,
+                    "± 95% CI": ratio.half_width})
+    return pd.DataFrame(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        answer = measure(a.child, a.micro_batch)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(json.dumps(answer), flush=True)
+        return
+    rows = pd.DataFrame([{"round": r, "variant": v, "micro_batch": a.micro_batch, **child(v, a.micro_batch)}
+                         for r in range(a.rounds) for v in rounds.order(r, VARIANTS)])
+    rounds.write(rows, summary(rows).to_markdown(index=False, floatfmt=".4g"), a.out, "ddp_two_ranks")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
