@@ -208,6 +208,19 @@ def test_the_step_is_the_slower_of_device_and_host_plus_exposed_communication():
     assert "bubble" not in pipeline.parts
 
 
+def test_host_work_slows_by_the_calibrated_share_where_ranks_share_the_node():
+    rates = flat_rates(host_beside=((2, 1.2), (4, 1.5)))
+    assert [st.beside(rates, n) for n in (1, 2, 3, 4, 8)] == [1.0, 1.2, 1.5, 1.5, 1.5]  # nearest; a tie: the larger
+    assert st.beside(flat_rates(), 2) == 1.0  # a calibration without the row
+    assert st.beside(flat_rates(host_beside=((2, 0.9),)), 2) == 1.0  # never faster than alone
+    two = gpt2_run(layout={"dp": 2})
+    assert st.predict(two, rates).parts["host"] == pytest.approx(1.2 * st.host_seconds(two, rates))
+    assert st.predict(gpt2_run(), rates).parts["host"] == pytest.approx(st.host_seconds(gpt2_run(), rates))
+    from workflow_scripts.measure.calibrate import host_beside_rows
+    rows = [{"name": "launch_us[0]", "value": 5.0}, {"name": "launch_us_ranks[2]", "value": 6.0}]
+    assert [(r["name"], r["value"]) for r in host_beside_rows(rows)] == [("host_beside[2]", pytest.approx(1.2))]
+
+
 def test_a_calibration_without_the_curves_is_refused_by_name():
     old = {"rows": [{"name": "matmul_bf16[0]", "value": 700.0}, {"name": "launch_us[0]", "value": 10.0}]}
     with pytest.raises(ValueError, match="matmul_bf16, sdpa_bf16"):

@@ -29,7 +29,10 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
                          CUDA graph: cuBLAS falls back to slower kernels for it (the step-time model's rate for such
                          GEMMs);
 - per world size n > 1 on one node: all_reduce and all_gather bus bandwidth (nccl-tests convention: all-reduce
-                         algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB, torchrun with n processes.
+                         algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB, torchrun with n processes;
+                         launch_us_ranks[n], the launch cost measured on the n processes at once (their slowest):
+                         n host-bound ranks of a node issue their steps together; host_beside[n], its ratio to
+                         launch_us[0] alone.
 On CPU the GPU and collective rows are present with value None and detail "not applicable (cpu)" (CPU studies
 check a pipeline, they time nothing worth explaining; the calibration there takes about 3 s).
 """
@@ -443,7 +446,31 @@ def collectives(platform: str, rounds: int) -> None:
                                  "GB/s", label)))
             print(json.dumps(row(f"all_gather_busbw[{n}x{size // MB}MB]", size * n / t_ag * (n - 1) / n / GB,
                                  "GB/s", label)))
+    launch = launch_beside(device, rounds)
+    if dist.get_rank() == 0:
+        print(json.dumps(row(f"launch_us_ranks[{n}]", launch, "us", f"launch_us on each of {n} processes at once "
+                             "(their slowest, fastest round): a host-bound rank's pace beside the node's others")))
     dist.destroy_process_group()
+
+
+def launch_beside(device, rounds: int) -> float:
+    """launch_us measured on every rank of the group at once (started at a barrier); the slowest rank's."""
+    import torch
+    import torch.distributed as dist
+
+    tiny = torch.zeros(1, device=device)
+
+    def launches():
+        for _ in range(LAUNCHES):
+            tiny.add_(1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    dist.barrier()
+    mine = 1e6 * timed(launches, rounds, best=True) / LAUNCHES
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return max(every)
 
 
 def calibrate(platform: str, world_sizes: list[int], work_dir: Path, rounds: int) -> dict:
@@ -453,10 +480,24 @@ def calibrate(platform: str, world_sizes: list[int], work_dir: Path, rounds: int
         rows += (collective_rows(world, platform, rounds) if platform != "cpu" else
                  [row(f"all_reduce_busbw[{world}]", None, "GB/s", "not applicable (cpu)"),
                   row(f"all_gather_busbw[{world}]", None, "GB/s", "not applicable (cpu)")])
+    rows += host_beside_rows(rows)
     from workflow_scripts.measure import machine
 
     return {"platform": platform, "rounds": rounds, "rows": rows, "curves": curves, "machine": machine.facts(),
             "measured_unix": time.time()}
+
+
+def host_beside_rows(rows: list[dict]) -> list[dict]:
+    """host_beside[n]: launch_us_ranks[n] over GPU 0's launch_us alone, both of this calibration (how much slower a
+    host-bound rank issues its work beside the node's n - 1 other ranks; the step-time model's host term at n ranks)."""
+    values = {r["name"]: r["value"] for r in rows}
+    alone = values.get("launch_us[0]")
+    out = []
+    for name, value in values.items():
+        if name.startswith("launch_us_ranks[") and value and alone:
+            n = name[len("launch_us_ranks["):-1]
+            out.append(row(f"host_beside[{n}]", value / alone, "x", f"launch_us_ranks[{n}] / launch_us[0]"))
+    return out
 
 
 def markdown(cal: dict) -> str:

@@ -31,7 +31,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart, the
              eager ones at the calibrated `zero3_tensor_us` and `zero3_module_us` per module where measured),
              again where a block's forward is recomputed from the host; eager tensor parallelism's DTensor
-             dispatch, per parallel linear of a block at the calibrated `tp_linear_us`;
+             dispatch, per parallel linear of a block at the calibrated `tp_linear_us`; all of it slower by the
+             calibrated `host_beside` where several ranks share the node (launch_us measured on every rank at once,
+             over one process's alone; none where the calibration has no such row);
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
              (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
              engine overlaps with the backward (DDP's buckets, FSDP2's prefetch; DeepSpeed ZeRO-1/2 do not
@@ -112,6 +114,7 @@ class Rates:
     zero3_tensor_us: float | None = None  # DeepSpeed ZeRO-3's host time per parameter tensor and step, beyond torch's
     zero3_module_us: float | None = None  # and what each module adds to it (its hooks)
     matmul_unaligned: float | None = None  # TFLOP/s of calibrate.UNALIGNED's three matmuls (an odd output width)
+    host_beside: tuple = ()  # ((ranks, the host's slowdown with that many ranks on the node), ...)
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
@@ -134,6 +137,8 @@ class Rates:
             raise ValueError(f"calibration has no {', '.join(missing or ['hbm_copy'])}: recalibrate "
                              "(measure/calibrate.py measures them since the step-time model)")
         busbw: dict = {}
+        beside = tuple(sorted((int(k[len("host_beside["):-1]), v) for k, v in rows.items()
+                              if k.startswith("host_beside[")))
         for name, value in rows.items():
             if m := BUSBW.fullmatch(name):
                 busbw.setdefault((m[1], int(m[2])), []).append((float(m[3]) * MB, value))
@@ -146,6 +151,7 @@ class Rates:
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
                    tp_linear_us=rows.get("tp_linear_us"), zero3_tensor_us=rows.get("zero3_tensor_us"),
                    zero3_module_us=rows.get("zero3_module_us"), matmul_unaligned=rows.get("matmul_bf16_unaligned"),
+                   host_beside=beside,
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
                                None))
 
@@ -157,9 +163,10 @@ def machine_gpu(calibration: dict) -> str | None:
 
 
 def host_row(name: str) -> bool:
-    """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch,
-    ZeRO-3's per-tensor and per-module work)."""
-    return name.startswith("launch_us[") or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us")
+    """Whether a calibration row is a host cost (the launch cost per GPU, the host's slowdown beside the node's
+    other ranks, the tensor-parallel linear's dispatch, ZeRO-3's per-tensor and per-module work)."""
+    return name.startswith(("launch_us[", "host_beside[")) or name in ("tp_linear_us", "zero3_tensor_us",
+                                                                        "zero3_module_us")
 
 
 @lru_cache(maxsize=None)
@@ -444,6 +451,21 @@ def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
     return len(BLOCK_PLAN) * layers * rates.tp_linear_us * 1e-6
 
 
+def node_ranks(run: Run, fabric=None) -> int:
+    """The run's ranks on one node: all of them on the calibrated machine; on a simulated network, a node's GPUs."""
+    world = math.prod(degree(run, d) for d in ("dp", "tp", "pp", "cp"))
+    return min(world, fabric.gpus_per_node) if fabric is not None else world
+
+
+def beside(rates: Rates, ranks: int) -> float:
+    """How much slower a rank's host work runs with `ranks` ranks on its node: the calibration's host_beside at the
+    nearest rank count it measured (1 for one rank, and where it measured none; never below 1)."""
+    if ranks <= 1 or not rates.host_beside:
+        return 1.0
+    _, slowdown = min(rates.host_beside, key=lambda p: (abs(p[0] - ranks), -p[0]))
+    return max(1.0, slowdown)
+
+
 def host_seconds(run: Run, rates: Rates) -> float:
     layers = run.shape.n_layer / degree(run, "pp")
     # a recomputed block's forward is launched again and gathers its parameters again (the pre-forward hooks)
@@ -551,7 +573,7 @@ def predict(run: Run, rates: Rates, fabric=None) -> Prediction:
                  "memory": memory_seconds(run, rates, tokens)}
     parts = {k: v * run.accum for k, v in per_micro.items()}
     parts["optimizer"], offload = optimizer_seconds(run, rates)
-    parts["host"] = host_seconds(run, rates)
+    parts["host"] = host_seconds(run, rates) * beside(rates, node_ranks(run, fabric))
     backward = (parts["gemm"] + parts["attention"]) * 2 / 3
     parts["comm"], notes = comm_seconds(run, rates, backward, fabric)
     device = parts["gemm"] + parts["attention"] + parts["memory"] + parts["optimizer"]
