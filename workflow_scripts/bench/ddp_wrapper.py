@@ -74,7 +74,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
         out.append({"variant": variant, "rounds": step.n, "step (ms)": 1e3 * step.mean,
                     "± 95% CI": 1e3 * step.half_width})
     for over, under in (("ddp", "plain"), ("ddp_one_bucket", "plain"), ("ddp", "ddp_one_bucket")):
-        if over in set(rows.variant):
+        if {over, under} <= set(rows.variant):
             ratio = rounds.paired(rows, "step_s", over, under)
             out.append({"variant": f"{over} / {under} (ratio, same round)", "rounds": ratio.n,
                         "step (ms)": ratio.mean, "± 95% CI": ratio.half_width})
