@@ -264,8 +264,8 @@ def gpu_rows(rounds: int) -> list[dict]:
 
     if not torch.cuda.is_available():
         return [row(n, None, u, "not applicable (cpu)") for n, u in
-                (("matmul_bf16", "TFLOP/s"), ("matmul_bf16_unaligned", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"), ("tp_linear_us", "us"),
-                 ("zero3_tensor_us", "us"), ("zero3_module_us", "us"))]
+                (("matmul_bf16", "TFLOP/s"), ("matmul_bf16_unaligned", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"),
+                 ("tp_linear_us", "us"), ("zero3_tensor_us", "us"), ("zero3_module_us", "us"))]
     out = []
     for i in range(torch.cuda.device_count()):
         out += one_gpu(i, rounds)

@@ -81,7 +81,7 @@ CLIP_BYTES = 12
 # NCCL kernels overlapped 7.6 % and 12.0 % on the two ranks: results/vit/h200x2-zero3-traces, BENCHMARKS.md Part 6c);
 # FSDP2's prefetch is taken to hide them behind the backward (no trace of it measured against that yet).
 ZERO3_OVERLAP = 0.1
-# A matmul whose m, k or n is not a multiple of ALIGN elements (16 bytes of bf16) runs on cuBLAS's fallback kernels
+# A matmul whose width k or n is not a multiple of ALIGN elements (16 bytes of bf16) runs on cuBLAS's fallback kernels
 # (sm75 tensor-op GEMMs on an H200): GPT-2-medium's unpadded 50,257-row head over 8 k tokens ran its forward and two
 # gradients at 122-123 TFLOP/s in all six traces of results/scaling/h200x2-ddp-traces (20.6 ms a step), 0.18 of
 # the rate its calibration's curve gives the same shapes padded (3.7 ms). The share where a calibration has no
@@ -336,7 +336,7 @@ def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
     total = 0.0
     for m, k, n, count in gemms(run.shape, tokens, degree(run, "tp")):
         times = layers * count if count > 0 else 1.0 / degree(run, "pp")
-        flops = 2.0 * m * k * n / width_share(rates, k, n)  # as many as the aligned rate would take as long for
+        flops = 2.0 * m * k * n / width_share(rates, k, n)  # what the aligned rate does in the same time
         forward = flops / (interpolate(rates.matmul, (m, k, n)) * 1e12)
         grad_input = flops / (interpolate(rates.matmul, (m, n, k)) * 1e12)
         grad_weight = flops / (interpolate(rates.matmul, (k, m, n)) * 1e12) if trains_weights else 0.0
