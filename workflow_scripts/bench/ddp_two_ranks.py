@@ -71,18 +71,7 @@ def child(variant: str, micro_batch: int) -> dict:
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
-    from workflow_scripts.report.stats import mean_ci
-
-    out = []
-    for variant, df in rows.groupby("variant", sort=False):
-        step = mean_ci(df.step_s)
-        out.append({"variant": variant, "rounds": step.n, "step (ms)": 1e3 * step.mean,
-                    "± 95% CI": 1e3 * step.half_width})
-    for over, under in RATIOS:
-        ratio = rounds.paired(rows, "step_s", over, under)
-        out.append({"variant": f"{over} / {under} (ratio, same round)", "rounds": ratio.n, "step (ms)": ratio.mean,
-                    "± 95% CI": ratio.half_width})
-    return pd.DataFrame(out)
+    return rounds.step_table(rows, RATIOS)
 
 
 def main(argv=None):

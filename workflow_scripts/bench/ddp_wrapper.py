@@ -34,6 +34,7 @@ from workflow_scripts.bench import rounds
 VARIANTS = ("plain", "ddp")
 BLOCK_VARIANTS = VARIANTS + ("ddp_one_bucket",)
 ONE_BUCKET_MB = 10_000  # more than any model here: DDP holds it in one bucket
+RATIOS = (("ddp", "plain"), ("ddp_one_bucket", "plain"), ("ddp", "ddp_one_bucket"))  # those whose variants ran
 
 
 def measure(variant: str, micro_batch: int, blocks: bool = False) -> dict:
@@ -66,19 +67,7 @@ def child(variant: str, micro_batch: int, blocks: bool) -> dict:
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
-    from workflow_scripts.report.stats import mean_ci
-
-    out = []
-    for variant, df in rows.groupby("variant", sort=False):
-        step = mean_ci(df.step_s)
-        out.append({"variant": variant, "rounds": step.n, "step (ms)": 1e3 * step.mean,
-                    "± 95% CI": 1e3 * step.half_width})
-    for over, under in (("ddp", "plain"), ("ddp_one_bucket", "plain"), ("ddp", "ddp_one_bucket")):
-        if {over, under} <= set(rows.variant):
-            ratio = rounds.paired(rows, "step_s", over, under)
-            out.append({"variant": f"{over} / {under} (ratio, same round)", "rounds": ratio.n,
-                        "step (ms)": ratio.mean, "± 95% CI": ratio.half_width})
-    return pd.DataFrame(out)
+    return rounds.step_table(rows, RATIOS)
 
 
 def main(argv=None):

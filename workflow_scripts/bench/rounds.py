@@ -1,5 +1,6 @@
-"""What the benchmarks of one process per variant share (bench/profiler_aftereffect, ddp_wrapper, host_contention):
-the variants' order within a round, a child process's answer, and the rounds written beside their summary."""
+"""What the benchmarks of one process per variant share (bench/profiler_aftereffect, ddp_wrapper, ddp_two_ranks,
+host_contention): the variants' order within a round, a child process's answer, a table of steps and their paired
+ratios, and the rounds written beside their summary."""
 from __future__ import annotations
 
 import json
@@ -31,6 +32,26 @@ def paired(rows, value: str, over: str, under: str):
 
     by = rows.pivot(index="round", columns="variant", values=value)
     return mean_ci(by[over] / by[under])
+
+
+def step_table(rows, ratios):
+    """Each variant's step (ms, mean and 95% CI over its rounds), then each (over, under) ratio of `ratios` paired
+    within a round, where both variants ran (rows: one per round and variant, column step_s)."""
+    import pandas as pd
+
+    from workflow_scripts.report.stats import mean_ci
+
+    out = []
+    for variant, df in rows.groupby("variant", sort=False):
+        step = mean_ci(df.step_s)
+        out.append({"variant": variant, "rounds": step.n, "step (ms)": 1e3 * step.mean,
+                    "± 95% CI": 1e3 * step.half_width})
+    for over, under in ratios:
+        if {over, under} <= set(rows.variant):
+            ratio = paired(rows, "step_s", over, under)
+            out.append({"variant": f"{over} / {under} (ratio, same round)", "rounds": ratio.n,
+                        "step (ms)": ratio.mean, "± 95% CI": ratio.half_width})
+    return pd.DataFrame(out)
 
 
 def write(rows, table: str, out: Path | None, name: str) -> None:
