@@ -221,6 +221,18 @@ def test_host_work_slows_by_the_calibrated_share_where_ranks_share_the_node():
     assert [(r["name"], r["value"]) for r in host_beside_rows(rows)] == [("host_beside[2]", pytest.approx(1.2))]
 
 
+def test_ddp_over_several_ranks_adds_its_reducer_per_parameter_tensor_once_a_step():
+    one, two = gpt2_run(), gpt2_run(layout={"dp": 2})
+    reducer = st.DDP_OPS_PER_TENSOR * 16 * 10e-6  # 16 tensors at 10 us a launch
+    assert st.host_seconds(two, flat_rates()) - st.host_seconds(one, flat_rates()) == pytest.approx(reducer)
+    accum = gpt2_run(layout={"dp": 2}, accum=4)  # no_sync: the reducer runs with the last micro-batch only
+    assert st.host_seconds(accum, flat_rates()) - st.host_seconds(gpt2_run(accum=4), flat_rates()) == pytest.approx(
+        reducer)
+    fsdp = gpt2_run(layout={"dp": 2}, family="fsdp", strategy="fsdp", zero_stage=3)
+    assert st.host_seconds(fsdp, flat_rates()) == st.host_seconds(gpt2_run(family="fsdp", strategy="fsdp",
+                                                                            zero_stage=3), flat_rates())
+
+
 def test_a_calibration_without_the_curves_is_refused_by_name():
     old = {"rows": [{"name": "matmul_bf16[0]", "value": 700.0}, {"name": "launch_us[0]", "value": 10.0}]}
     with pytest.raises(ValueError, match="matmul_bf16, sdpa_bf16"):

@@ -26,7 +26,8 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              MoE layer's in proportion to the kernels it issues against a dense layer of its family (counted on the
              real layer: plan.traced.layer_kernels; 1.52x for Qwen2-MoE), FIXED_OPS per micro-batch, the optimizer's
              launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
-             tensor, counted on the model built on the meta device), the gather and reduce hooks a micro-batch:
+             tensor, counted on the model built on the meta device), DDP's reducer over several ranks
+             (DDP_OPS_PER_TENSOR per parameter tensor and step), the gather and reduce hooks a micro-batch:
              FSDP2's HOOK_OPS per layer (once where one unit holds the whole model: Strategy.hooks_per_block),
              DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart, the
              eager ones at the calibrated `zero3_tensor_us` and `zero3_module_us` per module where measured),
@@ -89,6 +90,11 @@ ZERO3_OVERLAP = 0.1
 ALIGN = 8
 UNALIGNED_SHARE = 0.18
 DDP_BUCKET = 25 * MIB  # bytes: DistributedDataParallel's default bucket_cap_mb (torch reads it in MiB)
+# DistributedDataParallel's reducer on the host, per parameter tensor and step (its autograd hook, the gradient scaled
+# into its bucket and copied back, the bucket's all-reduce call), in launches: over one rank it cost GPT-2-medium's
+# compiled-blocks step 4.4 ms for its 292 tensors at a 6.8 us launch (results/bench_harness/h200-ddp-wrapper-blocks,
+# 1.049 +- 0.023x in 3 rounds). The harness runs one rank unwrapped (strategies/_ddp_engine), several under DDP.
+DDP_OPS_PER_TENSOR = 2.2
 # FSDP2 with a bf16 param_dtype (bf16-pure's policy over fp32 shards) moves every parameter it gathers through casts
 # and copies each micro-batch: the shard cast to bf16, the gathered copy-out, the gradient's copy-in, its cast back and
 # accumulation. Bytes per gathered parameter and micro-batch: what the profiled MoE row's memory-bound kernels ran
@@ -451,10 +457,13 @@ def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
     return len(BLOCK_PLAN) * layers * rates.tp_linear_us * 1e-6
 
 
+def world(run: Run) -> int:
+    return math.prod(degree(run, d) for d in ("dp", "tp", "pp", "cp"))
+
+
 def node_ranks(run: Run, fabric=None) -> int:
     """The run's ranks on one node: all of them on the calibrated machine; on a simulated network, a node's GPUs."""
-    world = math.prod(degree(run, d) for d in ("dp", "tp", "pp", "cp"))
-    return min(world, fabric.gpus_per_node) if fabric is not None else world
+    return min(world(run), fabric.gpus_per_node) if fabric is not None else world(run)
 
 
 def beside(rates: Rates, ranks: int) -> float:
@@ -472,7 +481,8 @@ def host_seconds(run: Run, rates: Rates) -> float:
     blocks = HOST_OPS[run.levers] * run.kernel_ratio * layers + hook_ops(run, layers, rates)
     per_micro = blocks * (1.0 + replayed_forward(run)) + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
-    launches = (run.accum * per_micro + optimizer) * rates.launch_us * 1e-6
+    reducer = DDP_OPS_PER_TENSOR * run.tensors if run.family == "ddp" and world(run) > 1 else 0.0  # once a step
+    launches = (run.accum * per_micro + optimizer + reducer) * rates.launch_us * 1e-6
     return launches + run.accum * dtensor_seconds(run, rates, layers)
 
 
