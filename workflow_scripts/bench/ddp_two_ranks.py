@@ -26,7 +26,6 @@ from pathlib import Path
 import pandas as pd
 
 from workflow_scripts.bench import rounds
-from workflow_scripts.bench.ddp_wrapper import free_port
 
 VARIANTS = ("one_gpu", "ddp", "ddp_no_comm")
 RATIOS = (("ddp", "one_gpu"), ("ddp_no_comm", "one_gpu"), ("ddp", "ddp_no_comm"))
@@ -64,7 +63,7 @@ def measure(variant: str, micro_batch: int) -> dict:
 def child(variant: str, micro_batch: int) -> dict:
     """A torchrun of the variant's processes to its end; rank 0's answer (the last line of its output)."""
     ranks = 1 if variant == "one_gpu" else 2
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", f"--master-port={free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            "--local-ranks-filter=0", "-m", __spec__.name, "--child", variant, "--micro-batch", str(micro_batch)]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return rounds.answer(done.stdout)

@@ -61,8 +61,7 @@ def merged_calibration(kind: dict, own: dict | None) -> dict:
     """The kind's calibration with the set's own rows for what depends on the machine (host costs, collectives)."""
     if not own:
         return kind
-    mine = {r["name"]: r for r in own["rows"] if r["value"] is not None and
-            (st.host_row(r["name"]) or "_busbw[" in r["name"])}
+    mine = {r["name"]: r for r in own["rows"] if r["value"] is not None and st.machine_row(r["name"])}
     rows = [mine.pop(r["name"], r) for r in kind["rows"]] + list(mine.values())
     return {**kind, "rows": rows}
 

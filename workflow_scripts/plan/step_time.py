@@ -169,10 +169,16 @@ def machine_gpu(calibration: dict) -> str | None:
 
 
 def host_row(name: str) -> bool:
-    """Whether a calibration row is a host cost (the launch cost per GPU, the host's slowdown beside the node's
-    other ranks, the tensor-parallel linear's dispatch, ZeRO-3's per-tensor and per-module work)."""
-    return name.startswith(("launch_us[", "host_beside[")) or name in ("tp_linear_us", "zero3_tensor_us",
-                                                                        "zero3_module_us")
+    """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch,
+    ZeRO-3's per-tensor and per-module work)."""
+    return name.startswith("launch_us[") or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us")
+
+
+def machine_row(name: str) -> bool:
+    """Whether a calibration row describes the machine rather than its GPU kind: its host costs, its host's slowdown
+    beside the node's other ranks (host_beside: a machine's own, never a kind's median), its collectives. A set's own
+    calibration overrides its kind's file with these."""
+    return host_row(name) or name.startswith("host_beside[") or "_busbw[" in name
 
 
 @lru_cache(maxsize=None)
