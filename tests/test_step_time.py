@@ -105,6 +105,31 @@ def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth():
         gpt2_run(shape=moe, precision="bf16-pure"))
 
 
+def test_memory_work_runs_at_the_machines_block_kernels_over_the_fitted_machines():
+    """A machine whose block kernels reach a smaller share of its device copy than the fitted machine's did moves
+    the memory term's bytes slower by that ratio, per block and lever set; without a share on either side, at the
+    copy's bandwidth."""
+    run, compiled = gpt2_run(), gpt2_run(levers="blocks")
+    plain = st.memory_seconds(run, flat_rates(), 32)
+    qwen = gpt2_run(shape=mm.Shape("qwen2", n_params=100_000, n_layer=1, d=64, ffn=256, kv=64, head_dim=16,
+                                   vocab=1000))
+    assert st.memory_block(run) == ("layernorm_gelu", "eager") and st.memory_block(compiled)[1] == "compiled"
+    assert st.memory_block(qwen) == ("rmsnorm_silu", "eager")
+    shares = {("layernorm_gelu", "eager"): 0.8, ("layernorm_gelu", "compiled"): 1.2}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(st, "MEMORY_SHARE_FITTED", {("layernorm_gelu", "eager"): 0.9, ("layernorm_gelu", "compiled"): 1.2})
+        assert st.memory_rate(run, flat_rates(memory_share=shares)) == pytest.approx(1000.0 * 0.8 / 0.9)
+        assert st.memory_seconds(run, flat_rates(memory_share=shares), 32) == pytest.approx(plain * 0.9 / 0.8)
+        assert st.memory_rate(compiled, flat_rates(memory_share=shares)) == pytest.approx(1000.0)
+        assert st.memory_rate(qwen, flat_rates(memory_share=shares)) == 1000.0  # no rmsnorm share: the copy's
+        assert st.memory_rate(run, flat_rates()) == 1000.0
+    rates = st.Rates.of({"rows": [{"name": "hbm_copy[0]", "value": 1000.0},
+                                  {"name": "memory_share[rmsnorm_silu,compiled]", "value": 1.25}],
+                         "curves": {"matmul_bf16": [{"m": 1, "k": 1, "n": 1, "tflops": 1.0}],
+                                    "sdpa_bf16": [{"seq": 1, "head_dim": 1, "tflops": 1.0}]}})
+    assert rates.memory_share == {("rmsnorm_silu", "compiled"): 1.25}
+
+
 def test_host_term_is_launches_at_the_calibrated_cost():
     run = gpt2_run(accum=2)
     ops = 2 * (st.HOST_OPS["eager"] * 1 + st.FIXED_OPS) + 10  # two micro-batches, torch's fused AdamW
@@ -361,15 +386,18 @@ def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines
         rows = [{"name": "launch_us[0]", "value": launch}, {"name": "hbm_gbs", "value": 3000.0}]
         if where == "study/b":  # the one calibration of the kind with the DTensor dispatch measured
             rows.append({"name": "tp_linear_us", "value": 400.0})
+        if where == "study/h200":  # a block's kernels against the copy: the kind's own only
+            rows.append({"name": "memory_share[layernorm_gelu,eager]", "value": 0.8})
         path.write_text(json.dumps({"machine": {"gpu": {"gpus": [{"name": gpu}]}}, "rows": rows}))
 
     h100 = "NVIDIA H100 80GB HBM3"
     for where, gpu, launch in [("calibration/h100", h100, 10.0), ("study/a", h100, 6.0), ("study/b", h100, 7.0),
                                ("study/c", h100, None), ("study/h200", "NVIDIA H200", 1.0)]:
         calibration(where, gpu, launch)
-    assert st.kind_host_costs(tmp_path, h100) == {"launch_us[0]": 7.0, "tp_linear_us": 400.0}  # of 6, 7 and 10
+    assert st.kind_medians(tmp_path, h100) == {"launch_us[0]": 7.0, "tp_linear_us": 400.0}  # of 6, 7 and 10
     # a host cost the kind never measured comes from every kind's calibrations; a per-GPU launch cost never does
-    assert st.kind_host_costs(tmp_path, "NVIDIA H200") == {"launch_us[0]": 1.0, "tp_linear_us": 400.0}
+    assert st.kind_medians(tmp_path, "NVIDIA H200") == {"launch_us[0]": 1.0, "tp_linear_us": 400.0,
+                                                         "memory_share[layernorm_gelu,eager]": 0.8}
     seen = {}
 
     def rates_of(calibration: dict) -> dict:

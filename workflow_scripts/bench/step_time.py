@@ -9,7 +9,7 @@ only, its error on the others (held out), every row listed.
 Each row's rates come from the closest measurement: the GEMM and attention curves and the device copy bandwidth of
 its GPU kind (results/calibration/<kind>/, measured once per kind), the launch cost and bus bandwidths of the set's
 own calibration where it has one (its machine); else the bus bandwidths of the kind's and the launch cost every
-committed calibration of the kind measured, their median (plan.step_time.kind_host_costs: machines of one kind
+committed calibration of the kind measured, their median (plan.step_time.kind_medians: machines of one kind
 launch at 6-10 µs, the kind's own file holds one machine), and so for the DTensor dispatch of a tensor-parallel
 linear. Compared: the predicted step time against the row's median step time (`step_time_median_s`). A row whose
 timed steps followed a profiler window in their process (`after_trace`, measure.metrics.timed_after_trace) carries
@@ -71,7 +71,7 @@ def rates_for(row, results: Path, cache: dict) -> st.Rates:
     key = (row["device_name"], str(own_path))
     if key not in cache:
         kind = json.loads((results / "calibration" / KINDS[row["device_name"]] / "calibration.json").read_text())
-        kind = st.with_kind_host_costs(kind, results)
+        kind = st.with_kind_medians(kind, results)
         own = json.loads(own_path.read_text()) if own_path.exists() else None
         same = [json.loads(p.read_text()) for p in sorted((results / "calibration").glob("*/calibration.json"))]
         for other in same:  # collectives measured on another machine of the kind (no set of its own has them)
@@ -207,6 +207,11 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
     cache: dict = {}
     cases = [(run, rates_for(row, results, cache), float(row["step_time_median_s"]))
              for (_, row), run in zip(rows.iterrows(), runs)]
+    # the memory term's pace is the fitted machine's: its block kernels' shares of its device copy (plan.step_time)
+    shares = {tuple(sorted(rates.memory_share.items())) for _, rates, _ in cases}
+    if len(shares) > 1:
+        raise ValueError("the fitted rows' calibrations measure their block kernels differently: one kind's only")
+    st.MEMORY_SHARE_FITTED = dict(shares.pop()) if shares else {}
     # eager ZeRO-3's hooks are priced at a calibration's zero3_tensor_us where it has one: the fitted launches only
     # stand in where none has
     hooks = {st.sharding(r) for r, rates, _ in cases
@@ -237,6 +242,7 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
     at, best = min(searches.items(), key=lambda item: item[1].fun)
     assign(best.x)
     return {"constants": {name: getattr(st, name) for name in CONSTANTS},
+            "memory_share": {",".join(k): v for k, v in sorted(st.MEMORY_SHARE_FITTED.items())},
             "fitted_on": sorted(set(rows["set"])), "rows": len(cases), "mean_abs_log_error": best.fun,
             "fitted": [f"{n}[{k}]" if k else n for n, k in keys],
             "starts": {str(a): s.fun for a, s in searches.items()}, "kept_start": at}

@@ -24,6 +24,9 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and SDPA
                          forward + backward TFLOP/s over mask (causal, full) x sequence x head dimension, both
                          replayed from CUDA graphs (the device's rates): the step-time model's rates;
+- memory_share[b,l]      (GPU 0) a block's norm, activation and residual kernels, forward + backward, eager or
+                         compiled, their bytes per second over hbm_copy[0] (measure/block_kernels.py: the step-time
+                         model's pace for memory-bound work);
 - matmul_bf16_unaligned  (GPU 0) TFLOP/s of a linear whose output width is not a multiple of 8, forward and both
                          gradients (UNALIGNED: GPT-2's unpadded 50,257-row head over 8 k tokens), replayed from a
                          CUDA graph: cuBLAS falls back to slower kernels for it (the step-time model's rate for such
@@ -265,12 +268,17 @@ def gpu_rows(rounds: int) -> list[dict]:
     if not torch.cuda.is_available():
         return [row(n, None, u, "not applicable (cpu)") for n, u in
                 (("matmul_bf16", "TFLOP/s"), ("matmul_bf16_unaligned", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"),
-                 ("tp_linear_us", "us"), ("zero3_tensor_us", "us"), ("zero3_module_us", "us"))]
+                 ("tp_linear_us", "us"), ("zero3_tensor_us", "us"), ("zero3_module_us", "us"),
+                 ("memory_share", "x hbm_copy[0]"))]
+    from workflow_scripts.measure.block_kernels import share_rows
+
     out = []
     for i in range(torch.cuda.device_count()):
         out += one_gpu(i, rounds)
         torch.cuda.empty_cache()
-    return out + [unaligned_matmul_row(rounds), tp_linear_row(rounds), *zero3_host_rows(rounds)]
+    hbm = next(r["value"] for r in out if r["name"] == "hbm_copy[0]")
+    return out + [unaligned_matmul_row(rounds), *share_rows(rounds, hbm), tp_linear_row(rounds),
+                  *zero3_host_rows(rounds)]
 
 
 def tp_linear_row(rounds: int) -> dict:

@@ -16,7 +16,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
   memory     what the kernels outside the matmuls read and write (norms, activations, residuals, dropout, rotary,
              the loss's logits): MEMORY_BYTES[levers] x (d + f) bytes per token and layer (f: the MLP width a token
              passes through, a MoE layer's shared and top-k routed experts together), LOSS_BYTES[levers] x V
-             per token for the loss, at the calibrated device copy bandwidth (`hbm_copy`);
+             per token for the loss, at the calibrated device copy bandwidth (`hbm_copy`), scaled by how fast the
+             machine's block kernels run against that copy beside the machine the constants were fitted on
+             (`memory_share` of the block's norm and activation, eager or compiled: memory_rate);
   optimizer  AdamW over the rank's P_r parameters: 28 bytes each (fp32 parameter, gradient, two moments read;
              parameter and moments written), 12 more where the gradients are clipped (their norm, their scaling)
              at `hbm_copy`; optimizer offload: the CPU's AdamW rate (`cpu_adam`)
@@ -102,6 +104,11 @@ DDP_OPS_PER_TENSOR = 2.2
 # micro-batches of 2.90 B parameters at the H100's 2,767 GB/s: 13.1). FSDP2 without a policy (fp32 parameters)
 # copies without casting: no trace has measured it, so it has no such bytes here.
 FSDP_CAST_BYTES = 13
+# How fast a block's memory-bound kernels ran against the device copy on the machine the constants were fitted on
+# (its kind's calibrations' memory_share rows, measure/block_kernels.py; the fit records them): (block, levers) ->
+# share. Another machine's memory term runs at its own share over this one's.
+MEMORY_SHARE_FITTED = {tuple(k.split(",")): v for k, v in
+                       (json.loads(FIT_FILE.read_text()).get("memory_share") or {}).items()}
 
 
 @dataclass
@@ -121,6 +128,7 @@ class Rates:
     zero3_module_us: float | None = None  # and what each module adds to it (its hooks)
     matmul_unaligned: float | None = None  # TFLOP/s of calibrate.UNALIGNED's three matmuls (an odd output width)
     host_beside: tuple = ()  # ((ranks, the host's slowdown with that many ranks on the node), ...)
+    memory_share: dict = field(default_factory=dict)  # (block, levers) -> its kernels' pace over the device copy's
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
@@ -145,6 +153,8 @@ class Rates:
         busbw: dict = {}
         beside = tuple(sorted((int(k[len("host_beside["):-1]), v) for k, v in rows.items()
                               if k.startswith("host_beside[")))
+        shares = {tuple(k[len("memory_share["):-1].split(",")): v for k, v in rows.items()
+                  if k.startswith("memory_share[")}
         for name, value in rows.items():
             if m := BUSBW.fullmatch(name):
                 busbw.setdefault((m[1], int(m[2])), []).append((float(m[3]) * MB, value))
@@ -157,7 +167,7 @@ class Rates:
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
                    tp_linear_us=rows.get("tp_linear_us"), zero3_tensor_us=rows.get("zero3_tensor_us"),
                    zero3_module_us=rows.get("zero3_module_us"), matmul_unaligned=rows.get("matmul_bf16_unaligned"),
-                   host_beside=beside,
+                   host_beside=beside, memory_share=shares,
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
                                None))
 
@@ -174,6 +184,13 @@ def host_row(name: str) -> bool:
     return name.startswith("launch_us[") or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us")
 
 
+def kind_row(name: str) -> bool:
+    """Whether a calibration row is taken as the median over the GPU kind's committed calibrations (kind_medians):
+    the host costs, and how fast the kind's block kernels run against its device copy (memory_share), which the
+    kind's own file, measured before the row, lacks."""
+    return host_row(name) or name.startswith("memory_share[")
+
+
 def machine_row(name: str) -> bool:
     """Whether a calibration row describes the machine rather than its GPU kind: its host costs, its host's slowdown
     beside the node's other ranks (host_beside: a machine's own, never a kind's median), its collectives. A set's own
@@ -182,8 +199,8 @@ def machine_row(name: str) -> bool:
 
 
 @lru_cache(maxsize=None)
-def kind_host_costs(results: Path, device_name: str) -> dict:
-    """Per host-cost row (host_row), the median over every committed calibration measured on this GPU kind (the
+def kind_medians(results: Path, device_name: str) -> dict:
+    """Per host-cost and memory-share row (kind_row), the median over every committed calibration measured on this GPU kind (the
     study sets' and the kind's own, results/calibration/<kind>*/): the host costs of a machine of the kind that no
     calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one machine). A
     host cost no calibration of the kind measured (a row newer than its calibrations) takes the median over every
@@ -199,7 +216,7 @@ def kind_host_costs(results: Path, device_name: str) -> dict:
         calibration = json.loads(path.read_text())
         gpu = machine_gpu(calibration)
         for r in calibration["rows"]:
-            if gpu and host_row(r["name"]) and r["value"] is not None:
+            if gpu and kind_row(r["name"]) and r["value"] is not None:
                 every.setdefault(r["name"], []).append(float(r["value"]))
                 if gpu == device_name:
                     mine.setdefault(r["name"], []).append(float(r["value"]))
@@ -207,23 +224,24 @@ def kind_host_costs(results: Path, device_name: str) -> dict:
             if name in mine or "[" not in name}
 
 
-def with_kind_host_costs(calibration: dict, results: Path) -> dict:
-    """A kind's calibration with the host costs of the kind's machines (kind_host_costs) for its own, and those
-    it did not measure (a calibration older than the row)."""
-    host = dict(kind_host_costs(Path(results), machine_gpu(calibration)))
+def with_kind_medians(calibration: dict, results: Path) -> dict:
+    """A kind's calibration with the host costs and memory shares of the kind's machines (kind_medians) for its own,
+    and those it did not measure (a calibration older than the row)."""
+    host = dict(kind_medians(Path(results), machine_gpu(calibration)))
     rows = [{**r, "value": host.pop(r["name"], r["value"])} for r in calibration["rows"]]
-    return {**calibration, "rows": rows + [{"name": k, "value": v, "unit": "us", "detail": "the kind's median"}
-                                           for k, v in sorted(host.items()) if "[" not in k]}
+    return {**calibration, "rows": rows + [{"name": k, "value": v, "unit": "", "detail": "the kind's median"}
+                                           for k, v in sorted(host.items())
+                                           if "[" not in k or k.startswith("memory_share[")]}
 
 
 def load_rates(path) -> Rates:
     """A calibration's rates (Rates.load). A GPU kind's committed file (results/calibration/<kind>/calibration.json,
     what plan.calibration names to plan for a kind, and the published and simulated predictions use) stands for any
-    machine of the kind: its host costs are the kind's medians (kind_host_costs), the rest its own."""
+    machine of the kind: its host costs and memory shares are the kind's medians (kind_medians), the rest its own."""
     path = Path(path)
     if path.parent.parent.name != "calibration" or path.name != "calibration.json":
         return Rates.load(path)
-    return Rates.load(path, lambda calibration: with_kind_host_costs(calibration, path.parent.parent.parent))
+    return Rates.load(path, lambda calibration: with_kind_medians(calibration, path.parent.parent.parent))
 
 
 @lru_cache(maxsize=65536)
@@ -371,6 +389,21 @@ def attention_seconds(run: Run, rates: Rates, samples: int) -> float:
     return s.n_layer / degree(run, "pp") * flops / (interpolate(curve, (seq, s.head_dim)) * 1e12)
 
 
+def memory_block(run: Run) -> tuple[str, str]:
+    """The calibrated block (measure/block_kernels.BLOCKS) whose kernels stand for the run's memory-bound work, and
+    how they run: LayerNorm + GELU (GPT-2, ViT) or RMSNorm + SiLU-gated (Qwen2, Llama, MoE), eager or compiled."""
+    block = "layernorm_gelu" if run.shape.family in ("gpt2", "vit") else "rmsnorm_silu"
+    return block, "eager" if run.levers == "eager" else "compiled"
+
+
+def memory_rate(run: Run, rates: Rates) -> float:
+    """GB/s the memory term's bytes move at: the device copy's, times the machine's memory_share of the run's block
+    over the share of the machine the constants were fitted on (MEMORY_SHARE_FITTED; 1 where either has none)."""
+    key = memory_block(run)
+    mine, fitted = rates.memory_share.get(key), MEMORY_SHARE_FITTED.get(key)
+    return rates.hbm * (mine / fitted if mine and fitted else 1.0)
+
+
 def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
     s = run.shape
     layer = MEMORY_BYTES["eager" if run.levers == "eager" else "blocks" if run.levers == "blocks" else "model"]
@@ -380,7 +413,7 @@ def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
     loss = LOSS_BYTES["compiled" if run.compile_loss else "eager"] * s.vocab / degree(run, "pp")
     if s.family == "vit":
         loss /= s.loss_tokens
-    return (tokens * (per_token + loss) + fsdp_cast_bytes(run)) / (rates.hbm * GB)
+    return (tokens * (per_token + loss) + fsdp_cast_bytes(run)) / (memory_rate(run, rates) * GB)
 
 
 def fsdp_cast_bytes(run: Run) -> float:

@@ -1,0 +1,85 @@
+"""The pace of a transformer block's kernels outside its matmuls, against the device copy's (calibration rows
+memory_share[<block>,<levers>]): the step-time model prices that work as bytes at `hbm_copy`, but a block's norm and
+activation kernels do not all run at the copy's bandwidth, and not in the same proportion on every GPU. On an H200
+the aten LayerNorm ran at the H100's pace (1,645 against 1,624 GB/s at 32 MB), GELU 1.17x and an add 1.40x faster,
+where the 1 GiB copy is 1.49x faster (results/bench_harness/h200-device-pace, h100-device-pace).
+
+Each block's work runs forward and backward on MEMORY_TOKENS tokens, as the block's eager modules run it and as
+torch.compile fuses it, replayed from a CUDA graph: its bytes (each input and output tensor once, forward; twice that
+backward) per second, over the same calibration's hbm_copy[0]. The step-time model takes a machine's share against
+the share of the machine its constants were fitted on (plan/step_time.memory_rate).
+"""
+from __future__ import annotations
+
+MEMORY_TOKENS = 16384
+# block -> (hidden d, MLP width f): GPT-2-medium's LayerNorm + GELU (ViT's too), Qwen2.5-1.5B's RMSNorm + SiLU-gated
+BLOCKS = {"layernorm_gelu": (1024, 4096), "rmsnorm_silu": (1536, 8960)}
+LEVERS = ("eager", "compiled")
+
+
+def rms_norm(x, weight, eps=1e-6):
+    """transformers' Qwen2 / Llama RMSNorm, as its modules compute it in eager mode (fp32 statistics)."""
+    import torch
+
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def block_work(block: str):
+    """(function, its input tensors, bytes forward + backward) of one block's norm, activation and residual add."""
+    import torch
+    import torch.nn.functional as F
+
+    d, f = BLOCKS[block]
+    new = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    x, r, w = new(MEMORY_TOKENS, d), new(MEMORY_TOKENS, d), new(d)
+    if block == "layernorm_gelu":
+        a, b = new(MEMORY_TOKENS, f), new(d)
+
+        def work(x, r, w, a, b):
+            return F.layer_norm(x, (d,), w, b), F.gelu(a, approximate="tanh"), x + r
+
+        inputs = (x, r, w, a, b)
+        tensors = 4 * d + 2 * f  # read x, r, a; wrote the norm, the activation, the sum
+    else:
+        gate, up = new(MEMORY_TOKENS, f), new(MEMORY_TOKENS, f)
+
+        def work(x, r, w, gate, up):
+            return rms_norm(x, w), F.silu(gate) * up, x + r
+
+        inputs = (x, r, w, gate, up)
+        tensors = 4 * d + 3 * f  # read x, r, gate, up; wrote the norm, the activation, the sum
+    return work, inputs, 3 * MEMORY_TOKENS * tensors * 2
+
+
+def pace(block: str, levers: str, rounds: int) -> float:
+    """GB/s of one block's work (block_work), forward and backward, eager or compiled, replayed from a CUDA graph."""
+    import torch
+
+    from workflow_scripts.measure.calibrate import replayed_tflops
+
+    work, inputs, nbytes = block_work(block)
+    if levers == "compiled":
+        work = torch.compile(work)
+    grads = [torch.randn_like(t) for t in work(*inputs)]
+
+    def body():
+        torch.autograd.grad(work(*inputs), inputs, grads)
+
+    return 1e3 * replayed_tflops(body, nbytes, rounds)
+
+
+def share_rows(rounds: int, hbm: float) -> list[dict]:
+    """memory_share[<block>,<levers>] of GPU 0: each block's pace over the device copy's (`hbm`, GB/s)."""
+    from workflow_scripts.measure.calibrate import row
+
+    out = []
+    for block in BLOCKS:
+        for levers in LEVERS:
+            gbs = pace(block, levers, rounds)
+            d, f = BLOCKS[block]
+            out.append(row(f"memory_share[{block},{levers}]", gbs / hbm, "x hbm_copy[0]",
+                           f"{gbs:.0f} GB/s: {block} (d {d}, f {f}) over {MEMORY_TOKENS} tokens, forward + backward, "
+                           f"{levers}, replayed from a CUDA graph"))
+    return out
