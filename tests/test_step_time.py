@@ -81,7 +81,8 @@ def test_attention_term_is_sdpa_forward_and_backward_at_its_masks_rate():
     assert st.attention_seconds(gpt2_run(), both, 1) == pytest.approx(flops / 50e12)
 
 
-def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth():
+def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth(monkeypatch):
+    monkeypatch.setattr(st, "MEMORY_FITTED", {})  # no block measured anywhere: the copy's bandwidth
     run = gpt2_run()
     moved = 32 * (st.MEMORY_BYTES["eager"] * (64 + 256) + st.LOSS_BYTES["eager"] * 1000)
     assert st.memory_seconds(run, flat_rates(), 32) == pytest.approx(moved / 1000e9)
@@ -105,29 +106,30 @@ def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth():
         gpt2_run(shape=moe, precision="bf16-pure"))
 
 
-def test_memory_work_runs_at_the_machines_block_kernels_over_the_fitted_machines():
-    """A machine whose block kernels reach a smaller share of its device copy than the fitted machine's did moves
-    the memory term's bytes slower by that ratio, per block and lever set; without a share on either side, at the
-    copy's bandwidth."""
+def test_memory_work_runs_at_the_fitted_copy_times_the_machines_block_kernels_over_the_fitted_machines():
+    """A machine whose block kernels run at 1.2x the fitted machine's moves the memory term's bytes at 1.2x the
+    fitted machine's copy bandwidth, per block and lever set, whatever its own copy measured; without the block on
+    either side, at its own copy's bandwidth."""
     run, compiled = gpt2_run(), gpt2_run(levers="blocks")
-    plain = st.memory_seconds(run, flat_rates(), 32)
     qwen = gpt2_run(shape=mm.Shape("qwen2", n_params=100_000, n_layer=1, d=64, ffn=256, kv=64, head_dim=16,
                                    vocab=1000))
-    assert st.memory_block(run) == ("layernorm_gelu", "eager") and st.memory_block(compiled)[1] == "compiled"
-    assert st.memory_block(qwen) == ("rmsnorm_silu", "eager")
-    shares = {("layernorm_gelu", "eager"): 0.8, ("layernorm_gelu", "compiled"): 1.2}
+    assert st.memory_block(run) == "layernorm_gelu,eager" and st.memory_block(compiled) == "layernorm_gelu,compiled"
+    assert st.memory_block(qwen) == "rmsnorm_rotary_silu,eager"
+    blocks = {"layernorm_gelu,eager": 3000.0, "layernorm_gelu,compiled": 4000.0}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(st, "MEMORY_SHARE_FITTED", {("layernorm_gelu", "eager"): 0.9, ("layernorm_gelu", "compiled"): 1.2})
-        assert st.memory_rate(run, flat_rates(memory_share=shares)) == pytest.approx(1000.0 * 0.8 / 0.9)
-        assert st.memory_seconds(run, flat_rates(memory_share=shares), 32) == pytest.approx(plain * 0.9 / 0.8)
-        assert st.memory_rate(compiled, flat_rates(memory_share=shares)) == pytest.approx(1000.0)
-        assert st.memory_rate(qwen, flat_rates(memory_share=shares)) == 1000.0  # no rmsnorm share: the copy's
+        mp.setattr(st, "MEMORY_FITTED", {"hbm": 800.0, "layernorm_gelu,eager": 2500.0,
+                                         "layernorm_gelu,compiled": 4000.0})
+        plain = st.memory_seconds(run, flat_rates(), 32)  # at its own copy's 1,000 GB/s
+        assert st.memory_rate(run, flat_rates(memory_block=blocks)) == pytest.approx(800.0 * 1.2)
+        assert st.memory_seconds(run, flat_rates(memory_block=blocks), 32) == pytest.approx(plain * 1000 / 960)
+        assert st.memory_rate(compiled, flat_rates(memory_block=blocks)) == pytest.approx(800.0)
+        assert st.memory_rate(qwen, flat_rates(memory_block=blocks)) == 1000.0  # no such block: its own copy's
         assert st.memory_rate(run, flat_rates()) == 1000.0
     rates = st.Rates.of({"rows": [{"name": "hbm_copy[0]", "value": 1000.0},
-                                  {"name": "memory_share[rmsnorm_silu,compiled]", "value": 1.25}],
+                                  {"name": "memory_block[rmsnorm_rotary_silu,compiled]", "value": 1250.0}],
                          "curves": {"matmul_bf16": [{"m": 1, "k": 1, "n": 1, "tflops": 1.0}],
                                     "sdpa_bf16": [{"seq": 1, "head_dim": 1, "tflops": 1.0}]}})
-    assert rates.memory_share == {("rmsnorm_silu", "compiled"): 1.25}
+    assert rates.memory_block == {"rmsnorm_rotary_silu,compiled": 1250.0}
 
 
 def test_host_term_is_launches_at_the_calibrated_cost():
@@ -387,7 +389,7 @@ def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines
         if where == "study/b":  # the one calibration of the kind with the DTensor dispatch measured
             rows.append({"name": "tp_linear_us", "value": 400.0})
         if where == "study/h200":  # a block's kernels against the copy: the kind's own only
-            rows.append({"name": "memory_share[layernorm_gelu,eager]", "value": 0.8})
+            rows.append({"name": "memory_block[layernorm_gelu,eager]", "value": 3000.0})
         path.write_text(json.dumps({"machine": {"gpu": {"gpus": [{"name": gpu}]}}, "rows": rows}))
 
     h100 = "NVIDIA H100 80GB HBM3"
@@ -397,7 +399,7 @@ def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines
     assert st.kind_medians(tmp_path, h100) == {"launch_us[0]": 7.0, "tp_linear_us": 400.0}  # of 6, 7 and 10
     # a host cost the kind never measured comes from every kind's calibrations; a per-GPU launch cost never does
     assert st.kind_medians(tmp_path, "NVIDIA H200") == {"launch_us[0]": 1.0, "tp_linear_us": 400.0,
-                                                         "memory_share[layernorm_gelu,eager]": 0.8}
+                                                         "memory_block[layernorm_gelu,eager]": 3000.0}
     seen = {}
 
     def rates_of(calibration: dict) -> dict:

@@ -207,11 +207,11 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
     cache: dict = {}
     cases = [(run, rates_for(row, results, cache), float(row["step_time_median_s"]))
              for (_, row), run in zip(rows.iterrows(), runs)]
-    # the memory term's pace is the fitted machine's: its block kernels' shares of its device copy (plan.step_time)
-    shares = {tuple(sorted(rates.memory_share.items())) for _, rates, _ in cases}
-    if len(shares) > 1:
-        raise ValueError("the fitted rows' calibrations measure their block kernels differently: one kind's only")
-    st.MEMORY_SHARE_FITTED = dict(shares.pop()) if shares else {}
+    # the memory term's pace is the fitted machine's: its copy bandwidth and block kernels (plan.step_time.memory_rate)
+    paces = {tuple(sorted({"hbm": rates.hbm, **rates.memory_block}.items())) for _, rates, _ in cases}
+    if len(paces) > 1:
+        raise ValueError("the fitted rows' calibrations differ in copy bandwidth or block kernels: fit one kind's")
+    st.MEMORY_FITTED = dict(paces.pop()) if paces else {}
     # eager ZeRO-3's hooks are priced at a calibration's zero3_tensor_us where it has one: the fitted launches only
     # stand in where none has
     hooks = {st.sharding(r) for r, rates, _ in cases
@@ -242,7 +242,7 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
     at, best = min(searches.items(), key=lambda item: item[1].fun)
     assign(best.x)
     return {"constants": {name: getattr(st, name) for name in CONSTANTS},
-            "memory_share": {",".join(k): v for k, v in sorted(st.MEMORY_SHARE_FITTED.items())},
+            "memory_pace": st.MEMORY_FITTED,
             "fitted_on": sorted(set(rows["set"])), "rows": len(cases), "mean_abs_log_error": best.fun,
             "fitted": [f"{n}[{k}]" if k else n for n, k in keys],
             "starts": {str(a): s.fun for a, s in searches.items()}, "kept_start": at}

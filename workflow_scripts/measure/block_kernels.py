@@ -1,19 +1,22 @@
-"""The pace of a transformer block's kernels outside its matmuls, against the device copy's (calibration rows
-memory_share[<block>,<levers>]): the step-time model prices that work as bytes at `hbm_copy`, but a block's norm and
+"""The pace of a transformer block's kernels outside its matmuls (calibration rows memory_block[<block>,<levers>],
+GB/s): the step-time model prices that work as bytes at the device copy's bandwidth, but a block's norm and
 activation kernels do not all run at the copy's bandwidth, and not in the same proportion on every GPU. On an H200
 the aten LayerNorm ran at the H100's pace (1,645 against 1,624 GB/s at 32 MB), GELU 1.17x and an add 1.40x faster,
 where the 1 GiB copy is 1.49x faster (results/bench_harness/h200-device-pace, h100-device-pace).
 
 Each block's work runs forward and backward on MEMORY_TOKENS tokens, as the block's eager modules run it and as
 torch.compile fuses it, replayed from a CUDA graph: its bytes (each input and output tensor once, forward; twice that
-backward) per second, over the same calibration's hbm_copy[0]. The step-time model takes a machine's share against
-the share of the machine its constants were fitted on (plan/step_time.memory_rate).
+backward) per second: stable where the copy is not (2,692-2,696 GB/s for LayerNorm + GELU on three commands on two
+H100 machines whose 1 GiB copies measured 2,792-2,954). The step-time model moves its memory bytes at the fitted
+machine's copy bandwidth times this pace over the fitted machine's (plan/step_time.memory_rate).
 """
 from __future__ import annotations
 
 MEMORY_TOKENS = 16384
-# block -> (hidden d, MLP width f): GPT-2-medium's LayerNorm + GELU (ViT's too), Qwen2.5-1.5B's RMSNorm + SiLU-gated
-BLOCKS = {"layernorm_gelu": (1024, 4096), "rmsnorm_silu": (1536, 8960)}
+# block -> (hidden d, MLP width f): GPT-2-medium's LayerNorm + GELU (ViT's too); Qwen2.5-1.5B's RMSNorm, rotary
+# embedding of q and k (KV_WIDTH: its 2 key-value heads of HEAD_DIM) and SiLU-gated MLP
+BLOCKS = {"layernorm_gelu": (1024, 4096), "rmsnorm_rotary_silu": (1536, 8960)}
+HEAD_DIM, KV_WIDTH = 128, 256
 LEVERS = ("eager", "compiled")
 
 
@@ -26,13 +29,21 @@ def rms_norm(x, weight, eps=1e-6):
     return weight * h.to(x.dtype)
 
 
+def rotary(x, cos, sin):
+    """transformers' apply_rotary_pos_emb on one tensor (tokens x heads x head_dim), as its eager modules run it."""
+    import torch
+
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 def block_work(block: str):
     """(function, its input tensors, bytes forward + backward) of one block's norm, activation and residual add."""
     import torch
     import torch.nn.functional as F
 
     d, f = BLOCKS[block]
-    new = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    new = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     x, r, w = new(MEMORY_TOKENS, d), new(MEMORY_TOKENS, d), new(d)
     if block == "layernorm_gelu":
         a, b = new(MEMORY_TOKENS, f), new(d)
@@ -44,12 +55,16 @@ def block_work(block: str):
         tensors = 4 * d + 2 * f  # read x, r, a; wrote the norm, the activation, the sum
     else:
         gate, up = new(MEMORY_TOKENS, f), new(MEMORY_TOKENS, f)
+        q, k = new(MEMORY_TOKENS, d // HEAD_DIM, HEAD_DIM), new(MEMORY_TOKENS, KV_WIDTH // HEAD_DIM, HEAD_DIM)
+        angle = torch.rand(MEMORY_TOKENS, 1, HEAD_DIM, device="cuda")
+        cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
 
-        def work(x, r, w, gate, up):
-            return rms_norm(x, w), F.silu(gate) * up, x + r
+        def work(x, r, w, gate, up, q, k):
+            return rms_norm(x, w), rotary(q, cos, sin), rotary(k, cos, sin), F.silu(gate) * up, x + r
 
-        inputs = (x, r, w, gate, up)
-        tensors = 4 * d + 3 * f  # read x, r, gate, up; wrote the norm, the activation, the sum
+        inputs = (x, r, w, gate, up, q, k)
+        # read x, r, gate, up, q, k; wrote the norm, q and k rotated, the activation, the sum
+        tensors = 4 * d + 3 * f + 2 * (d + KV_WIDTH)
     return work, inputs, 3 * MEMORY_TOKENS * tensors * 2
 
 
@@ -70,16 +85,15 @@ def pace(block: str, levers: str, rounds: int) -> float:
     return 1e3 * replayed_tflops(body, nbytes, rounds)
 
 
-def share_rows(rounds: int, hbm: float) -> list[dict]:
-    """memory_share[<block>,<levers>] of GPU 0: each block's pace over the device copy's (`hbm`, GB/s)."""
+def block_rows(rounds: int) -> list[dict]:
+    """memory_block[<block>,<levers>] of GPU 0: each block's pace, GB/s."""
     from workflow_scripts.measure.calibrate import row
 
     out = []
-    for block in BLOCKS:
+    for block, (d, f) in BLOCKS.items():
         for levers in LEVERS:
             gbs = pace(block, levers, rounds)
-            d, f = BLOCKS[block]
-            out.append(row(f"memory_share[{block},{levers}]", gbs / hbm, "x hbm_copy[0]",
-                           f"{gbs:.0f} GB/s: {block} (d {d}, f {f}) over {MEMORY_TOKENS} tokens, forward + backward, "
-                           f"{levers}, replayed from a CUDA graph"))
+            out.append(row(f"memory_block[{block},{levers}]", gbs, "GB/s",
+                           f"{block} (d {d}, f {f}) over {MEMORY_TOKENS} tokens, forward + backward, {levers}, "
+                           "replayed from a CUDA graph"))
     return out

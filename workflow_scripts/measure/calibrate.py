@@ -24,9 +24,9 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and SDPA
                          forward + backward TFLOP/s over mask (causal, full) x sequence x head dimension, both
                          replayed from CUDA graphs (the device's rates): the step-time model's rates;
-- memory_share[b,l]      (GPU 0) a block's norm, activation and residual kernels, forward + backward, eager or
-                         compiled, their bytes per second over hbm_copy[0] (measure/block_kernels.py: the step-time
-                         model's pace for memory-bound work);
+- memory_block[b,l]      (GPU 0) a block's norm, activation and residual kernels, forward + backward, eager or
+                         compiled, GB/s (measure/block_kernels.py: the step-time model's pace for memory-bound work
+                         against the machine its constants were fitted on);
 - matmul_bf16_unaligned  (GPU 0) TFLOP/s of a linear whose output width is not a multiple of 8, forward and both
                          gradients (UNALIGNED: GPT-2's unpadded 50,257-row head over 8 k tokens), replayed from a
                          CUDA graph: cuBLAS falls back to slower kernels for it (the step-time model's rate for such
@@ -55,7 +55,10 @@ from workflow_scripts.units import GB, GIB, MB
 
 LAUNCHES = 20_000
 GEMM_M = (2048, 8192, 32768)  # tokens of a micro-batch on one device
-GEMM_KN = (768, 2048, 4096, 8192, 65536)  # hidden, MLP and vocabulary widths
+# hidden, MLP and vocabulary widths; 1024 and 1536 between 768 and 2048, where the rate climbs steeply: interpolated
+# there without them, GPT-2-medium's 16384 x 1024 x 4096 read 623 TFLOP/s on an H100 whose direct measurement gave
+# 678-707 (results/bench_harness/h100-device-pace)
+GEMM_KN = (768, 1024, 1536, 2048, 4096, 8192, 65536)
 UNALIGNED = (8192, 1024, 50257)  # m x k x n: tokens x hidden x an odd vocabulary (GPT-2's 50,257 rows unpadded)
 SDPA_SEQ = (256, 512, 1024, 2048, 4096)  # a ViT's 197-257 patches to long language-model contexts
 SDPA_HEAD_DIM = (64, 80, 128)
@@ -269,15 +272,14 @@ def gpu_rows(rounds: int) -> list[dict]:
         return [row(n, None, u, "not applicable (cpu)") for n, u in
                 (("matmul_bf16", "TFLOP/s"), ("matmul_bf16_unaligned", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"),
                  ("tp_linear_us", "us"), ("zero3_tensor_us", "us"), ("zero3_module_us", "us"),
-                 ("memory_share", "x hbm_copy[0]"))]
-    from workflow_scripts.measure.block_kernels import share_rows
+                 ("memory_block", "GB/s"))]
+    from workflow_scripts.measure.block_kernels import block_rows
 
     out = []
     for i in range(torch.cuda.device_count()):
         out += one_gpu(i, rounds)
         torch.cuda.empty_cache()
-    hbm = next(r["value"] for r in out if r["name"] == "hbm_copy[0]")
-    return out + [unaligned_matmul_row(rounds), *share_rows(rounds, hbm), tp_linear_row(rounds),
+    return out + [unaligned_matmul_row(rounds), *block_rows(rounds), tp_linear_row(rounds),
                   *zero3_host_rows(rounds)]
 
 

@@ -16,9 +16,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
   memory     what the kernels outside the matmuls read and write (norms, activations, residuals, dropout, rotary,
              the loss's logits): MEMORY_BYTES[levers] x (d + f) bytes per token and layer (f: the MLP width a token
              passes through, a MoE layer's shared and top-k routed experts together), LOSS_BYTES[levers] x V
-             per token for the loss, at the calibrated device copy bandwidth (`hbm_copy`), scaled by how fast the
-             machine's block kernels run against that copy beside the machine the constants were fitted on
-             (`memory_share` of the block's norm and activation, eager or compiled: memory_rate);
+             per token for the loss, at the fitted machine's device copy bandwidth times how much faster this
+             machine runs a block's norm, rotary, activation and residual kernels (`memory_block`, eager or
+             compiled: memory_rate; where a calibration has no such row, at its own copy bandwidth, `hbm_copy`);
   optimizer  AdamW over the rank's P_r parameters: 28 bytes each (fp32 parameter, gradient, two moments read;
              parameter and moments written), 12 more where the gradients are clipped (their norm, their scaling)
              at `hbm_copy`; optimizer offload: the CPU's AdamW rate (`cpu_adam`)
@@ -104,11 +104,11 @@ DDP_OPS_PER_TENSOR = 2.2
 # micro-batches of 2.90 B parameters at the H100's 2,767 GB/s: 13.1). FSDP2 without a policy (fp32 parameters)
 # copies without casting: no trace has measured it, so it has no such bytes here.
 FSDP_CAST_BYTES = 13
-# How fast a block's memory-bound kernels ran against the device copy on the machine the constants were fitted on
-# (its kind's calibrations' memory_share rows, measure/block_kernels.py; the fit records them): (block, levers) ->
-# share. Another machine's memory term runs at its own share over this one's.
-MEMORY_SHARE_FITTED = {tuple(k.split(",")): v for k, v in
-                       (json.loads(FIT_FILE.read_text()).get("memory_share") or {}).items()}
+# The machine the constants were fitted on, as the memory term needs it (the fit records it): its device copy's
+# bandwidth ("hbm", GB/s) and how fast it ran each block's memory-bound kernels ("<block>,<levers>", GB/s: its kind's
+# calibrations' memory_block rows, measure/block_kernels.py). Another machine moves the memory bytes at that copy
+# bandwidth times its own block's pace over this one's (a block's pace is steady where a 1 GiB copy is not).
+MEMORY_FITTED = json.loads(FIT_FILE.read_text()).get("memory_pace") or {}
 
 
 @dataclass
@@ -128,7 +128,7 @@ class Rates:
     zero3_module_us: float | None = None  # and what each module adds to it (its hooks)
     matmul_unaligned: float | None = None  # TFLOP/s of calibrate.UNALIGNED's three matmuls (an odd output width)
     host_beside: tuple = ()  # ((ranks, the host's slowdown with that many ranks on the node), ...)
-    memory_share: dict = field(default_factory=dict)  # (block, levers) -> its kernels' pace over the device copy's
+    memory_block: dict = field(default_factory=dict)  # "<block>,<levers>" -> GB/s of its memory-bound kernels
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
@@ -153,8 +153,7 @@ class Rates:
         busbw: dict = {}
         beside = tuple(sorted((int(k[len("host_beside["):-1]), v) for k, v in rows.items()
                               if k.startswith("host_beside[")))
-        shares = {tuple(k[len("memory_share["):-1].split(",")): v for k, v in rows.items()
-                  if k.startswith("memory_share[")}
+        blocks = {k[len("memory_block["):-1]: v for k, v in rows.items() if k.startswith("memory_block[")}
         for name, value in rows.items():
             if m := BUSBW.fullmatch(name):
                 busbw.setdefault((m[1], int(m[2])), []).append((float(m[3]) * MB, value))
@@ -167,7 +166,7 @@ class Rates:
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
                    tp_linear_us=rows.get("tp_linear_us"), zero3_tensor_us=rows.get("zero3_tensor_us"),
                    zero3_module_us=rows.get("zero3_module_us"), matmul_unaligned=rows.get("matmul_bf16_unaligned"),
-                   host_beside=beside, memory_share=shares,
+                   host_beside=beside, memory_block=blocks,
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
                                None))
 
@@ -186,9 +185,9 @@ def host_row(name: str) -> bool:
 
 def kind_row(name: str) -> bool:
     """Whether a calibration row is taken as the median over the GPU kind's committed calibrations (kind_medians):
-    the host costs, and how fast the kind's block kernels run against its device copy (memory_share), which the
-    kind's own file, measured before the row, lacks."""
-    return host_row(name) or name.startswith("memory_share[")
+    the host costs, and how fast the kind's block kernels run (memory_block), which the kind's own file, measured
+    before the row, lacks."""
+    return host_row(name) or name.startswith("memory_block[")
 
 
 def machine_row(name: str) -> bool:
@@ -200,11 +199,11 @@ def machine_row(name: str) -> bool:
 
 @lru_cache(maxsize=None)
 def kind_medians(results: Path, device_name: str) -> dict:
-    """Per host-cost and memory-share row (kind_row), the median over every committed calibration measured on this GPU kind (the
-    study sets' and the kind's own, results/calibration/<kind>*/): the host costs of a machine of the kind that no
-    calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one machine). A
-    host cost no calibration of the kind measured (a row newer than its calibrations) takes the median over every
-    GPU kind's: it is the host's Python, beside whichever GPU; a per-GPU one (launch_us[i]) never does."""
+    """Per host-cost and block-kernel row (kind_row), the median over every committed calibration measured on this GPU
+    kind (the study sets' and the kind's own, results/calibration/<kind>*/): the host costs of a machine of the kind
+    that no calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one
+    machine). A host cost no calibration of the kind measured (a row newer than its calibrations) takes the median
+    over every GPU kind's: it is the host's Python, beside whichever GPU; a per-GPU one (launch_us[i]) never does."""
     import statistics
 
     from workflow_scripts import columns as C
@@ -231,7 +230,7 @@ def with_kind_medians(calibration: dict, results: Path) -> dict:
     rows = [{**r, "value": host.pop(r["name"], r["value"])} for r in calibration["rows"]]
     return {**calibration, "rows": rows + [{"name": k, "value": v, "unit": "", "detail": "the kind's median"}
                                            for k, v in sorted(host.items())
-                                           if "[" not in k or k.startswith("memory_share[")]}
+                                           if "[" not in k or k.startswith("memory_block[")]}
 
 
 def load_rates(path) -> Rates:
@@ -389,19 +388,21 @@ def attention_seconds(run: Run, rates: Rates, samples: int) -> float:
     return s.n_layer / degree(run, "pp") * flops / (interpolate(curve, (seq, s.head_dim)) * 1e12)
 
 
-def memory_block(run: Run) -> tuple[str, str]:
+def memory_block(run: Run) -> str:
     """The calibrated block (measure/block_kernels.BLOCKS) whose kernels stand for the run's memory-bound work, and
-    how they run: LayerNorm + GELU (GPT-2, ViT) or RMSNorm + SiLU-gated (Qwen2, Llama, MoE), eager or compiled."""
-    block = "layernorm_gelu" if run.shape.family in ("gpt2", "vit") else "rmsnorm_silu"
-    return block, "eager" if run.levers == "eager" else "compiled"
+    how they run: LayerNorm + GELU (GPT-2, ViT) or RMSNorm, rotary and SiLU-gated (Qwen2, Llama, MoE); eager or
+    compiled."""
+    block = "layernorm_gelu" if run.shape.family in ("gpt2", "vit") else "rmsnorm_rotary_silu"
+    return f"{block},{'eager' if run.levers == 'eager' else 'compiled'}"
 
 
 def memory_rate(run: Run, rates: Rates) -> float:
-    """GB/s the memory term's bytes move at: the device copy's, times the machine's memory_share of the run's block
-    over the share of the machine the constants were fitted on (MEMORY_SHARE_FITTED; 1 where either has none)."""
+    """GB/s the memory term's bytes move at: the fitted machine's device copy bandwidth times the run's block's pace
+    on this machine over the fitted machine's (MEMORY_FITTED); this machine's own copy bandwidth where either has no
+    such block."""
     key = memory_block(run)
-    mine, fitted = rates.memory_share.get(key), MEMORY_SHARE_FITTED.get(key)
-    return rates.hbm * (mine / fitted if mine and fitted else 1.0)
+    mine, fitted = rates.memory_block.get(key), MEMORY_FITTED.get(key)
+    return MEMORY_FITTED["hbm"] * mine / fitted if mine and fitted else rates.hbm
 
 
 def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
