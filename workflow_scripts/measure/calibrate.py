@@ -24,9 +24,9 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and SDPA
                          forward + backward TFLOP/s over mask (causal, full) x sequence x head dimension, both
                          replayed from CUDA graphs (the device's rates): the step-time model's rates;
-- memory_block[b,l]      (GPU 0) a block's norm, activation and residual kernels, forward + backward, eager or
-                         compiled, GB/s (measure/block_kernels.py: the step-time model's pace for memory-bound work
-                         against the machine its constants were fitted on);
+- memory_block[b,l]      (GPU 0) a block's norm, rotary, activation and residual kernels, forward + backward,
+                         eager or compiled, GB/s (measure/block_kernels.py: the step-time model's pace for
+                         memory-bound work against the machine its constants were fitted on);
 - matmul_bf16_unaligned  (GPU 0) TFLOP/s of a linear whose output width is not a multiple of 8, forward and both
                          gradients (UNALIGNED: GPT-2's unpadded 50,257-row head over 8 k tokens), replayed from a
                          CUDA graph: cuBLAS falls back to slower kernels for it (the step-time model's rate for such

@@ -224,19 +224,20 @@ def kind_medians(results: Path, device_name: str) -> dict:
 
 
 def with_kind_medians(calibration: dict, results: Path) -> dict:
-    """A kind's calibration with the host costs and memory shares of the kind's machines (kind_medians) for its own,
-    and those it did not measure (a calibration older than the row)."""
+    """A kind's calibration with the host costs and block-kernel paces of the kind's machines (kind_medians) for its
+    own, and those it did not measure (a calibration older than the row)."""
     host = dict(kind_medians(Path(results), machine_gpu(calibration)))
     rows = [{**r, "value": host.pop(r["name"], r["value"])} for r in calibration["rows"]]
-    return {**calibration, "rows": rows + [{"name": k, "value": v, "unit": "", "detail": "the kind's median"}
-                                           for k, v in sorted(host.items())
-                                           if "[" not in k or k.startswith("memory_block[")]}
+    added = [k for k in sorted(host) if "[" not in k or k.startswith("memory_block[")]
+    return {**calibration, "rows": rows + [{"name": k, "value": host[k], "detail": "the kind's median",
+                                            "unit": "GB/s" if k.startswith("memory_block[") else "us"} for k in added]}
 
 
 def load_rates(path) -> Rates:
     """A calibration's rates (Rates.load). A GPU kind's committed file (results/calibration/<kind>/calibration.json,
     what plan.calibration names to plan for a kind, and the published and simulated predictions use) stands for any
-    machine of the kind: its host costs and memory shares are the kind's medians (kind_medians), the rest its own."""
+    machine of the kind: its host costs and block-kernel paces are the kind's medians (kind_medians), the rest its
+    own."""
     path = Path(path)
     if path.parent.parent.name != "calibration" or path.name != "calibration.json":
         return Rates.load(path)
