@@ -5,7 +5,7 @@
 - memory-bound kernels by size: the calibration prices every kernel outside the matmuls at one 1 GiB device copy's
   bandwidth (`hbm_copy`), while a step's kernels read and write tensors of 8-256 MB (tokens x hidden x 2 bytes):
   a copy, an add of two tensors, GELU and LayerNorm forward, over MEMORY_MB per input tensor, GB/s read + written,
-  replayed from a CUDA graph (the calibration's way: measure/calibrate.replayed_tflops);
+  replayed from a CUDA graph (the calibration's way: measure/calibrate.replayed_rate);
 - matmul operand layouts: the calibration's curve multiplies row-major operands (NN); a linear's forward computes
   x W^T (NT), its input gradient dy W (NN), its weight gradient dy^T x (TN); TFLOP/s of each at GPT-2-medium's and
   Llama-8B's widths;
@@ -25,7 +25,8 @@ from pathlib import Path
 import pandas as pd
 
 from workflow_scripts.bench import rounds as rounds_
-from workflow_scripts.measure.calibrate import replayed_tflops
+from workflow_scripts.measure.calibrate import replayed_rate, replayed_tflops
+from workflow_scripts.units import GB
 
 MEMORY_MB = (8, 32, 128, 512, 1024)
 LAYOUT_SHAPES = ((16384, 1024, 4096), (16384, 4096, 1024), (16384, 4096, 14336), (16384, 14336, 4096))
@@ -48,7 +49,7 @@ def memory_kernels(mb: int) -> dict:
     bodies = {"copy": (lambda: out.copy_(x), 2 * nbytes), "add": (lambda: torch.add(x, y, out=out), 3 * nbytes),
               "gelu": (lambda: F.gelu(x, approximate="tanh"), 2 * nbytes),
               "layer_norm": (lambda: F.layer_norm(x, (width,), w, b), 2 * nbytes)}
-    return {name: 1e3 * replayed_tflops(body, moved, 3) for name, (body, moved) in bodies.items()}
+    return {name: replayed_rate(body, moved, 3) / GB for name, (body, moved) in bodies.items()}
 
 
 def layouts(m: int, k: int, n: int) -> dict:

@@ -20,33 +20,17 @@ HEAD_DIM, KV_WIDTH = 128, 256
 LEVERS = ("eager", "compiled")
 
 
-def rms_norm(x, weight, eps=1e-6):
-    """transformers' Qwen2 / Llama RMSNorm, as its modules compute it in eager mode (fp32 statistics)."""
-    import torch
-
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def rotary(x, cos, sin):
-    """transformers' apply_rotary_pos_emb on one tensor (tokens x heads x head_dim), as its eager modules run it."""
-    import torch
-
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
-def block_work(block: str):
-    """(function, its input tensors, bytes forward + backward) of one block's norm, activation and residual add."""
+def block_work(block: str, device: str = "cuda", tokens: int = MEMORY_TOKENS):
+    """(function, its input tensors, bytes forward + backward) of one block's norm, activation and residual add (and
+    rotary embedding): GPT-2's through torch's functions, Qwen2's through transformers' own RMSNorm and rotary."""
     import torch
     import torch.nn.functional as F
 
     d, f = BLOCKS[block]
-    new = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    x, r, w = new(MEMORY_TOKENS, d), new(MEMORY_TOKENS, d), new(d)
+    new = lambda *shape: torch.randn(*shape, device=device, dtype=torch.bfloat16, requires_grad=True)
+    x, r, w = new(tokens, d), new(tokens, d), new(d)
     if block == "layernorm_gelu":
-        a, b = new(MEMORY_TOKENS, f), new(d)
+        a, b = new(tokens, f), new(d)
 
         def work(x, r, w, a, b):
             return F.layer_norm(x, (d,), w, b), F.gelu(a, approximate="tanh"), x + r
@@ -54,25 +38,30 @@ def block_work(block: str):
         inputs = (x, r, w, a, b)
         tensors = 4 * d + 2 * f  # read x, r, a; wrote the norm, the activation, the sum
     else:
-        gate, up = new(MEMORY_TOKENS, f), new(MEMORY_TOKENS, f)
-        q, k = new(MEMORY_TOKENS, d // HEAD_DIM, HEAD_DIM), new(MEMORY_TOKENS, KV_WIDTH // HEAD_DIM, HEAD_DIM)
-        angle = torch.rand(MEMORY_TOKENS, 1, HEAD_DIM, device="cuda")
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm, apply_rotary_pos_emb
+
+        norm = Qwen2RMSNorm(d, eps=1e-6).to(device, torch.bfloat16)
+        w = norm.weight
+        gate, up = new(tokens, f), new(tokens, f)
+        q, k = new(tokens, d // HEAD_DIM, HEAD_DIM), new(tokens, KV_WIDTH // HEAD_DIM, HEAD_DIM)
+        angle = torch.rand(tokens, HEAD_DIM, device=device)
         cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
 
-        def work(x, r, w, gate, up, q, k):
-            return rms_norm(x, w), rotary(q, cos, sin), rotary(k, cos, sin), F.silu(gate) * up, x + r
+        def work(x, r, w, gate, up, q, k):  # w is norm's weight
+            return norm(x), *apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1), F.silu(gate) * up, x + r
 
         inputs = (x, r, w, gate, up, q, k)
         # read x, r, gate, up, q, k; wrote the norm, q and k rotated, the activation, the sum
         tensors = 4 * d + 3 * f + 2 * (d + KV_WIDTH)
-    return work, inputs, 3 * MEMORY_TOKENS * tensors * 2
+    return work, inputs, 3 * tokens * tensors * 2
 
 
 def pace(block: str, levers: str, rounds: int) -> float:
     """GB/s of one block's work (block_work), forward and backward, eager or compiled, replayed from a CUDA graph."""
     import torch
 
-    from workflow_scripts.measure.calibrate import replayed_tflops
+    from workflow_scripts.measure.calibrate import replayed_rate
+    from workflow_scripts.units import GB
 
     work, inputs, nbytes = block_work(block)
     if levers == "compiled":
@@ -82,7 +71,7 @@ def pace(block: str, levers: str, rounds: int) -> float:
     def body():
         torch.autograd.grad(work(*inputs), inputs, grads)
 
-    return 1e3 * replayed_tflops(body, nbytes, rounds)
+    return replayed_rate(body, nbytes, rounds) / GB
 
 
 def block_rows(rounds: int) -> list[dict]:

@@ -205,13 +205,18 @@ def unaligned_matmul_row(rounds: int) -> dict:
 
 
 def replayed_tflops(body, flops: float, rounds: int) -> float:
-    """TFLOP/s of body() (`flops` a call) on GPU 0's device: as many calls as make about 2 TFLOP (1 to 50) captured
-    in a CUDA graph, the graph replayed (the kernels' time, not the host's launches: those are the step-time model's
-    host term). The body runs first on a side stream, so that cuBLAS and autograd pick their kernels and workspaces
-    before the capture."""
+    """TFLOP/s of body() (`flops` a call) on GPU 0's device (replayed_rate)."""
+    return replayed_rate(body, flops, rounds) / 1e12
+
+
+def replayed_rate(body, work: float, rounds: int) -> float:
+    """`work` (FLOPs, bytes) per second of body() (`work` a call) on GPU 0's device: as many calls as make about
+    2 x 10^12 of it (1 to 50) captured in a CUDA graph, the graph replayed (the kernels' time, not the host's launches:
+    those are the step-time model's host term). The body runs first on a side stream, so that cuBLAS and autograd pick
+    their kernels and workspaces before the capture."""
     import torch
 
-    reps = max(1, min(50, int(2e12 / flops)))
+    reps = max(1, min(50, int(2e12 / work)))
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -228,7 +233,7 @@ def replayed_tflops(body, flops: float, rounds: int) -> float:
         graph.replay()
         torch.cuda.synchronize()
 
-    return flops * reps / timed(run, rounds) / 1e12
+    return work * reps / timed(run, rounds)
 
 
 def sdpa_curve(rounds: int) -> list[dict]:

@@ -72,7 +72,8 @@ from workflow_scripts.units import GB, MB, MIB
 # layer and micro-batch; launches per micro-batch; DeepSpeed's launches per parameter tensor; FSDP2's and ZeRO-3's
 # hook launches per layer and micro-batch; the p-norm of device and host time.
 FIT_FILE = Path(__file__).with_name("step_time_fit.json")
-_FIT = json.loads(FIT_FILE.read_text())["constants"]
+_FIT_RECORD = json.loads(FIT_FILE.read_text())
+_FIT = _FIT_RECORD["constants"]
 MEMORY_BYTES, LOSS_BYTES, HOST_OPS = _FIT["MEMORY_BYTES"], _FIT["LOSS_BYTES"], _FIT["HOST_OPS"]
 FIXED_OPS, DS_OPS_PER_TENSOR, HOOK_OPS, OVERLAP = (_FIT["FIXED_OPS"], _FIT["DS_OPS_PER_TENSOR"], _FIT["HOOK_OPS"],
                                                    _FIT["OVERLAP"])
@@ -108,7 +109,7 @@ FSDP_CAST_BYTES = 13
 # bandwidth ("hbm", GB/s) and how fast it ran each block's memory-bound kernels ("<block>,<levers>", GB/s: its kind's
 # calibrations' memory_block rows, measure/block_kernels.py). Another machine moves the memory bytes at that copy
 # bandwidth times its own block's pace over this one's (a block's pace is steady where a 1 GiB copy is not).
-MEMORY_FITTED = json.loads(FIT_FILE.read_text()).get("memory_pace") or {}
+MEMORY_FITTED = _FIT_RECORD.get("memory_pace") or {}
 
 
 @dataclass
@@ -228,9 +229,9 @@ def with_kind_medians(calibration: dict, results: Path) -> dict:
     own, and those it did not measure (a calibration older than the row)."""
     host = dict(kind_medians(Path(results), machine_gpu(calibration)))
     rows = [{**r, "value": host.pop(r["name"], r["value"])} for r in calibration["rows"]]
-    added = [k for k in sorted(host) if "[" not in k or k.startswith("memory_block[")]
-    return {**calibration, "rows": rows + [{"name": k, "value": host[k], "detail": "the kind's median",
-                                            "unit": "GB/s" if k.startswith("memory_block[") else "us"} for k in added]}
+    return {**calibration, "rows": rows + [{"name": k, "value": v, "detail": "the kind's median",
+                                            "unit": "GB/s" if k.startswith("memory_block[") else "us"}
+                                           for k, v in sorted(host.items())]}
 
 
 def load_rates(path) -> Rates:
