@@ -371,6 +371,32 @@ def test_a_median_over_fewer_than_five_timed_steps_is_neither_fitted_nor_tested(
     assert bench_st.too_few_steps({"timed_steps": float("nan")}) is None and bench_st.too_few_steps({}) is None
 
 
+def test_twins_set_one_machines_step_against_the_same_runs_on_the_others():
+    """bench.step_time.twins: rows with identical inputs on one GPU kind in several sets are each set against the
+    median of the others (spread), and the others moved by the model's own ratio between the calibrations
+    (transfer); a run in one set only, a row timed after a trace, or the same run on another kind has no twin."""
+    import pandas as pd
+
+    from workflow_scripts.bench import step_time as bench_st
+
+    rows = [("a/h200x2", 0.10, 0.09), ("b/h200x2", 0.12, 0.09), ("c/h200x2", 0.08, 0.12), ("d/h200x2", 0.3, 0.1),
+            ("e/h200x2", 0.5, 0.1), ("f/h200x2", 0.2, 0.1)]
+    frame = pd.DataFrame([{"set": s, "model": "gpt2", "strategy": "ddp", "layout": "{}", "gpus": 2, "micro_batch": 1,
+                           "levers": "eager", "measured_step_s": m, "predicted_step_s": p, "error": p / m - 1,
+                           "after_trace": s == "d/h200x2"} for s, m, p in rows])
+    same, other = gpt2_run(layout={"dp": 2}), gpt2_run(layout={"dp": 2}, micro_batch=2)
+    runs = [same, same, same, same, other, same]
+    devices = ["NVIDIA H200"] * 5 + ["NVIDIA H100 80GB HBM3"]
+    out = bench_st.twins(frame, runs, devices).set_index("set")
+    assert sorted(out.index) == ["a/h200x2", "b/h200x2", "c/h200x2"]
+    assert out.loc["a/h200x2", "twins"] == 2
+    assert out.loc["a/h200x2", "spread"] == pytest.approx(0.10 / 0.10 - 1)  # the median of 0.12 and 0.08
+    assert out.loc["c/h200x2", "spread"] == pytest.approx(0.08 / 0.11 - 1)
+    # b moved to c by the model's ratio 0.12 / 0.09, a to c likewise: c's measured against their median
+    assert out.loc["c/h200x2", "transfer"] == pytest.approx((0.11 * 0.12 / 0.09) / 0.08 - 1)
+    assert "| held out | 3 |" in bench_st.twins_markdown(out.reset_index())
+
+
 def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines(tmp_path):
     """bench.step_time: a row whose set measured no calibration gets the launch cost every committed calibration of
     its GPU kind measured, their median (H100 machines measured 6-10 us), not the one machine of the kind's file;

@@ -19,6 +19,7 @@ table; --out writes it and the rows as CSV.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -177,6 +178,50 @@ def traced_markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines + [""])
 
 
+def twins(frame: pd.DataFrame, runs: list, devices) -> pd.DataFrame:
+    """Rows the model cannot tell apart but by their calibrations: the same run (every input of plan.step_time.Run)
+    on the same GPU kind, measured in more than one set (machine). Per such row (none timed after a trace): its
+    measured step against the median of its twins' in the other sets (`spread`: how far the machines of one kind
+    differ on the same work), the twins' measured steps moved by the model's own ratio between this row's
+    calibration and theirs (`transfer`: what the calibrations explain of that difference), and the model's error."""
+    keys = [json.dumps(dataclasses.asdict(run), sort_keys=True, default=str) for run in runs]
+    clean = frame.assign(key=keys, device=list(devices))[~frame["after_trace"].astype(bool)]
+    out = []
+    for _, group in clean.groupby(["key", "device"]):
+        if group["set"].nunique() < 2:
+            continue
+        for _, r in group.iterrows():
+            others = group[group["set"] != r["set"]]
+            moved = others["measured_step_s"] * r["predicted_step_s"] / others["predicted_step_s"]
+            out.append({**{k: r[k] for k in ("set", "model", "strategy", "layout", "gpus", "micro_batch", "levers",
+                                             "measured_step_s", "error")},
+                        "twins": len(others), "spread": r["measured_step_s"] / others["measured_step_s"].median() - 1,
+                        "transfer": moved.median() / r["measured_step_s"] - 1})
+    return pd.DataFrame(out)
+
+
+def twins_markdown(frame: pd.DataFrame) -> str:
+    """The twins' summary, held out and fitted apart, and every held-out twin listed."""
+    if frame.empty:
+        return ""
+    held = ~fit_class(frame)
+    lines = ["### the same run on other machines of its kind (twins: identical inputs to the model)", "",
+             ("Spread: a row's measured step against its twins' median on the other machines. Moved: the twins' "
+              "steps times the model's ratio between the two calibrations. Model: its error."), "",
+             "| rows | n | spread | moved by the calibrations | model |", "|---|---|---|---|---|"]
+    for name, part in (("held out", frame[held]), ("fitted class", frame[~held])):
+        if len(part):
+            lines.append(f"| {name} | {len(part)} | {part['spread'].abs().mean():.1%} | "
+                         f"{part['transfer'].abs().mean():.1%} | {part['error'].abs().mean():.1%} |")
+    lines += ["", ("| set | model | strategy | layout | GPUs | mb | levers | measured s | twins | spread | moved | "
+                   "model |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in frame[held].sort_values(["model", "strategy", "gpus", "set"]).iterrows():
+        lines.append(f"| {r['set']} | {r['model']} | {r['strategy']} | {r['layout']} | {r['gpus']} | "
+                     f"{r['micro_batch']} | {r['levers']} | {r['measured_step_s']:.4f} | {r['twins']} | "
+                     f"{r['spread']:+.1%} | {r['transfer']:+.1%} | {r['error']:+.1%} |")
+    return "\n".join(lines + [""])
+
+
 def fit_class(frame: pd.DataFrame) -> pd.Series:
     """The rows a fit may use: one-GPU rows of H100 sets (multi-GPU and H200 rows are the test)."""
     return (frame["gpus"] == 1) & ~frame["set"].str.contains("h200")
@@ -297,6 +342,8 @@ def main(argv=None):
         print(json.dumps(result["constants"], indent=1))
     frame = predictions(rows, runs, results)
     text = markdown(frame)
+    same = twins(frame, runs, rows["device_name"])
+    text += "\n" + twins_markdown(same)
     if len(skipped):
         text += (f"\nNot modelled: {len(skipped)} rows (" + "; ".join(
             f"{why}: {n}" for why, n in skipped.groupby("why").size().items()) + ")\n")
