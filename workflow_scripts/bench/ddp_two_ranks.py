@@ -10,7 +10,9 @@ processes, interleaved within a round (the order alternates): `one_gpu` (one pro
 harness runs one rank), `ddp` (two ranks, DDP's default 25 MB buckets and NCCL all-reduces) and `ddp_no_comm` (two
 ranks, DDP with a communication hook that hands each bucket back as it is: the reducer's hooks, copies and the
 compiled blocks' bucket splits without any collective; the ranks then train apart, so this variant times, it does not
-train). The step is bench/profiler_aftereffect's (bf16 autocast, fused AdamW, clipping, each block compiled first,
+train); with --variants, `ddp_pinned` (`ddp` with each rank's process and its threads bound to its own share of
+the host's CPUs, rank r to the r-th of equal consecutive slices of the CPUs it may use, before torch loads: do two
+ranks slow each other where their threads share cores?). The step is bench/profiler_aftereffect's (bf16 autocast, fused AdamW, clipping, each block compiled first,
 micro-batch 8 a rank, no profiler), rank 0's mean of its 40 steps after the first 20. Writes ddp_two_ranks.csv and
 ddp_two_ranks.md: each variant's step, mean and 95% CI, and the ratios paired within a round.
 """
@@ -28,18 +30,31 @@ import pandas as pd
 from workflow_scripts.bench import rounds
 
 VARIANTS = ("one_gpu", "ddp", "ddp_no_comm")
-RATIOS = (("ddp", "one_gpu"), ("ddp_no_comm", "one_gpu"), ("ddp", "ddp_no_comm"))
+EVERY = (*VARIANTS, "ddp_pinned")
+RATIOS = (("ddp", "one_gpu"), ("ddp_no_comm", "one_gpu"), ("ddp", "ddp_no_comm"), ("ddp_pinned", "one_gpu"),
+          ("ddp_pinned", "ddp"))
+
+
+def pin(rank: int, ranks: int) -> list[int]:
+    """Bind this process (and the threads it starts from now on) to the rank-th of `ranks` equal consecutive slices
+    of the CPUs it may use; the CPUs bound."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cpus) // ranks)
+    mine = cpus[rank * share:(rank + 1) * share] or cpus
+    os.sched_setaffinity(0, mine)
+    return mine
 
 
 def measure(variant: str, micro_batch: int) -> dict:
     """One rank (the child's side): rank 0 answers."""
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cpus = pin(rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if variant == "ddp_pinned" else None
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from workflow_scripts.bench.profiler_aftereffect import steps
 
-    rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(rank)
 
@@ -57,7 +72,8 @@ def measure(variant: str, micro_batch: int) -> dict:
     step_s = steps("off", micro_batch, wrap=None if variant == "one_gpu" else ddp, blocks=True)["after_s"]
     if variant != "one_gpu":
         dist.destroy_process_group()
-    return {"step_s": step_s, "ranks": 1 if variant == "one_gpu" else 2}
+    return {"step_s": step_s, "ranks": 1 if variant == "one_gpu" else 2,
+            "cpus": f"{cpus[0]}-{cpus[-1]}" if cpus else "all"}
 
 
 def child(variant: str, micro_batch: int) -> dict:
@@ -78,15 +94,19 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"a comma list of {', '.join(EVERY)}")
+    ap.add_argument("--child", choices=EVERY, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         answer = measure(a.child, a.micro_batch)
         if int(os.environ.get("RANK", "0")) == 0:
             print(json.dumps(answer), flush=True)
         return
+    variants = tuple(a.variants.split(","))
+    if unknown := set(variants) - set(EVERY):
+        ap.error(f"--variants: unknown {', '.join(sorted(unknown))} (known: {', '.join(EVERY)})")
     rows = pd.DataFrame([{"round": r, "variant": v, "micro_batch": a.micro_batch, **child(v, a.micro_batch)}
-                         for r in range(a.rounds) for v in rounds.order(r, VARIANTS)])
+                         for r in range(a.rounds) for v in rounds.order(r, variants)])
     rounds.write(rows, summary(rows).to_markdown(index=False, floatfmt=".4g"), a.out, "ddp_two_ranks")
 
 
