@@ -127,6 +127,16 @@ def ops_for(wildcards):
     return expand(f"{W}/ops/{{op}}.json", op=needed_ops(wildcards.strategy, options))
 
 
+def study_ops(wildcards=None):
+    """Every op the study's runs need (build_op's outputs)."""
+    from workflow_scripts.training.build_ops import needed_ops
+
+    options = config["strategy_options"]
+    strategies = {s for (_, s, _) in [*RUNS, *PUBLISHED_RUNS]}
+    names = sorted({op for s in strategies for op in needed_ops(s, options.get(s, {}))})
+    return expand(f"{W}/ops/{{op}}.json", op=names)
+
+
 def spec_of(w, overrides, out_pattern, work_root, measured=False):
     """A run's spec (workflow_scripts.study.run_spec) for the run's wildcards, written under out_pattern."""
     return study.run_spec(

@@ -72,6 +72,33 @@ def test_the_study_calibrates_its_machine_before_the_timed_runs(default_study):
     assert json.loads(run.read_text())["machine"]["cpu_model"] == cal["machine"]["cpu_model"]
 
 
+def test_the_calibration_waits_for_the_data_preparation_and_every_op_build():
+    """Nothing CPU-heavy runs beside the calibration: in the default study's DAG it follows the prepared data and
+    each op build (a tokenizer beside it had measured a launch cost 1.3x the machine's)."""
+    import re
+
+    dag = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "all", "--dag"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    label = {n: name for n, name in re.findall(r'^\s*(\d+)\[label = "(\w+)', dag, re.MULTILINE)}
+    before = {}
+    for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dag, re.MULTILINE):
+        before.setdefault(b, set()).add(a)
+
+    def ancestors(node):
+        seen, todo = set(), [node]
+        while todo:
+            for a in before.get(todo.pop(), ()):
+                if a not in seen:
+                    seen.add(a)
+                    todo.append(a)
+        return {label[a] for a in seen}, sum(label[a] == "build_op" for a in seen)
+
+    (calibrate,) = [n for n, name in label.items() if name == "calibrate"]
+    names, builds = ancestors(calibrate)
+    assert {"corpus", "tokenizer", "tokenize"} <= names
+    assert builds == sum(name == "build_op" for name in label.values()) == 3
+
+
 def committed_copy(rerun, dest, runs_edit=None, speed_factor=1.0):
     """A copy of a result set as if committed from another run: tables, calibration, data manifest, run files;
     runs.csv edited by `runs_edit`, the calibration's CPU speed scaled by `speed_factor`."""
