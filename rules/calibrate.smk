@@ -4,9 +4,9 @@
 
 rule calibrate:
     input:
-        # after the data preparation and the op builds, which share no resource with it but the host: a tokenizer
-        # beside it measured a launch cost 1.3x its machine's (results/scaling/h200x2-beside-check); their outputs
-        # only order it (ancient: a new data preparation never recalibrates)
+        # after the data preparation and the op builds, which share the host with it (beside the tokenizer, GPU 0's
+        # launch cost measured 1.29x GPU 1's: results/scaling/h200x2-beside-check); their outputs only order it
+        # (ancient: a new data preparation never recalibrates)
         data=ancient(DATA["manifest"]),
         ops=ancient(study_ops()),
     output:

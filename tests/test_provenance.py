@@ -74,7 +74,7 @@ def test_the_study_calibrates_its_machine_before_the_timed_runs(default_study):
 
 def test_the_calibration_waits_for_the_data_preparation_and_every_op_build():
     """Nothing CPU-heavy runs beside the calibration: in the default study's DAG it follows the prepared data and
-    each op build (a tokenizer beside it had measured a launch cost 1.3x the machine's)."""
+    each op build (beside a tokenizer, a GPU's launch cost had measured 1.29x its neighbour's)."""
     import re
 
     dag = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "all", "--dag"], cwd=ROOT,
