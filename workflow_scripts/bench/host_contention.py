@@ -8,7 +8,9 @@ The step-time model prices a rank's host work at the launch cost the calibration
 process here measures what the calibration measures (`one_gpu`: the launch cost among its rows), then runs the
 eager GPT-2-medium step of bench/profiler_aftereffect (bf16 autocast, fused AdamW, no profiler) and reports its 40
 steps after the first 20. The processes of one round start their work at one instant (a start time they wait for
-after their imports). `alone` and `beside` alternate within a round; writes host_contention.csv (one row per
+after their imports). `--blocks` compiles each block first (the compiled-blocks step, whose host sets its pace as
+much as its device: the processes compile at once, then time their steps). `alone` and `beside` alternate within a
+round; writes host_contention.csv (one row per
 process) and host_contention.md: each variant's launch cost and step, mean and 95% CI over rounds, and GPU 0's
 `beside` / `alone` ratios paired within a round.
 """
@@ -29,7 +31,7 @@ from workflow_scripts.bench import rounds
 VARIANTS = ("alone", "beside")
 
 
-def measure(micro_batch: int, start_at: float) -> dict:
+def measure(micro_batch: int, start_at: float, blocks: bool = False) -> dict:
     """One process (the child's side): the calibration's per-GPU rows, then the steps."""
     import torch
 
@@ -39,14 +41,15 @@ def measure(micro_batch: int, start_at: float) -> dict:
     torch.zeros(1, device="cuda")  # the CUDA context, before the common start
     time.sleep(max(0.0, start_at - time.time()))
     rows = {r["name"]: r["value"] for r in one_gpu(0, 3)}
-    return {"launch_us": rows["launch_us[0]"], "step_s": steps("off", micro_batch)["after_s"]}
+    return {"launch_us": rows["launch_us[0]"], "step_s": steps("off", micro_batch, blocks=blocks)["after_s"]}
 
 
-def round_of(variant: str, gpus: int, micro_batch: int, lead_s: float) -> list[dict]:
+def round_of(variant: str, gpus: int, micro_batch: int, lead_s: float, blocks: bool = False) -> list[dict]:
     """One variant's processes, started together; one row per process."""
     start_at = time.time() + lead_s
     procs = [subprocess.Popen([sys.executable, "-m", __spec__.name, "--child", "--micro-batch", str(micro_batch),
-                               "--start-at", str(start_at)], stdout=subprocess.PIPE, text=True,
+                               "--start-at", str(start_at), *(["--blocks"] if blocks else [])],
+                              stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)})
              for gpu in range(gpus if variant == "beside" else 1)]
     rows = []
@@ -80,18 +83,20 @@ def main(argv=None):
     ap.add_argument("--gpus", type=int, default=None, help="default: every GPU of the machine")
     ap.add_argument("--lead-s", type=float, default=20.0, help="seconds from the start of a round's processes to "
                                                                "their common start (their imports)")
+    ap.add_argument("--blocks", action="store_true", help="compile each block first (the harness's compiled-blocks "
+                                                          "lever): a step whose host, not its device, sets the pace")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(measure(a.micro_batch, a.start_at)), flush=True)
+        print(json.dumps(measure(a.micro_batch, a.start_at, a.blocks)), flush=True)
         return
     import torch
 
     gpus = a.gpus or torch.cuda.device_count()
     rows = pd.DataFrame([{"round": r, **row} for r in range(a.rounds) for v in rounds.order(r, VARIANTS)
-                         for row in round_of(v, gpus, a.micro_batch, a.lead_s)])
+                         for row in round_of(v, gpus, a.micro_batch, a.lead_s, a.blocks)])
     rounds.write(rows, summary(rows).to_markdown(index=False, floatfmt=".4g"), a.out, "host_contention")
 
 
