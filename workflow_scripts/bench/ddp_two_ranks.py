@@ -12,7 +12,9 @@ ranks, DDP with a communication hook that hands each bucket back as it is: the r
 compiled blocks' bucket splits without any collective; the ranks then train apart, so this variant times, it does not
 train); with --variants, `ddp_pinned` (`ddp` with each rank's process and its threads bound to its own share of
 the host's CPUs, rank r to the r-th of equal consecutive slices of the CPUs it may use, before torch loads: do two
-ranks slow each other where their threads share cores?). The step is bench/profiler_aftereffect's (bf16 autocast, fused AdamW, clipping, each block compiled first,
+ranks slow each other where their threads share cores?) and `ddp_visible` (`ddp` with each rank seeing its own GPU
+only, CUDA_VISIBLE_DEVICES set before CUDA starts: does a rank's context on the other rank's GPU cost it?). The
+step is bench/profiler_aftereffect's (bf16 autocast, fused AdamW, clipping, each block compiled first,
 micro-batch 8 a rank, no profiler), rank 0's mean of its 40 steps after the first 20. Writes ddp_two_ranks.csv and
 ddp_two_ranks.md: each variant's step, mean and 95% CI, and the ratios paired within a round.
 """
@@ -30,9 +32,9 @@ import pandas as pd
 from workflow_scripts.bench import rounds
 
 VARIANTS = ("one_gpu", "ddp", "ddp_no_comm")
-EVERY = (*VARIANTS, "ddp_pinned")
+EVERY = (*VARIANTS, "ddp_pinned", "ddp_visible")
 RATIOS = (("ddp", "one_gpu"), ("ddp_no_comm", "one_gpu"), ("ddp", "ddp_no_comm"), ("ddp_pinned", "one_gpu"),
-          ("ddp_pinned", "ddp"))
+          ("ddp_pinned", "ddp"), ("ddp_visible", "one_gpu"), ("ddp_visible", "ddp"))
 
 
 def pin(rank: int, ranks: int) -> list[int]:
@@ -49,6 +51,9 @@ def measure(variant: str, micro_batch: int) -> dict:
     """One rank (the child's side): rank 0 answers."""
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     cpus = pin(rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if variant == "ddp_pinned" else None
+    if variant == "ddp_visible":  # this rank's GPU only, before CUDA starts: no context of it on another GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    gpu = 0 if variant == "ddp_visible" else rank
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -56,11 +61,11 @@ def measure(variant: str, micro_batch: int) -> dict:
     from workflow_scripts.bench.profiler_aftereffect import steps
 
     if torch.cuda.is_available():
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(gpu)
 
     def ddp(model):
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        module = DistributedDataParallel(model, device_ids=[rank] if torch.cuda.is_available() else None)
+        module = DistributedDataParallel(model, device_ids=[gpu] if torch.cuda.is_available() else None)
         if variant == "ddp_no_comm":
             def as_it_is(state, bucket):
                 done = torch.futures.Future()
