@@ -14,7 +14,7 @@ launch at 6-10 µs, the kind's own file holds one machine), and so for the DTens
 linear. Compared: the predicted step time against the row's median step time (`step_time_median_s`). A row whose
 timed steps followed a profiler window in their process (`after_trace`, measure.metrics.timed_after_trace) carries
 the profiler's after-effect: no fit uses it, and each error is given with and without such rows. Prints a markdown
-table, then the twins (the same run measured on other machines of its kind: ); --out writes it and the rows
+table, then the twins (the same run measured on other machines of its kind: `twins`); --out writes it and the rows
 as CSV.
 """
 from __future__ import annotations
