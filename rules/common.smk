@@ -120,21 +120,24 @@ def stage_code(*modules):
     ]
 
 
-def ops_for(wildcards):
+def op_files(used):
+    """build_op's outputs for every op the (strategy, options) pairs of `used` need, each once."""
     from workflow_scripts.training.build_ops import needed_ops
 
-    options = config["strategy_options"].get(wildcards.strategy, {})
-    return expand(f"{W}/ops/{{op}}.json", op=needed_ops(wildcards.strategy, options))
+    names = sorted({op for s, o in used for op in needed_ops(s, o)})
+    return expand(f"{W}/ops/{{op}}.json", op=names)
+
+
+def ops_for(wildcards):
+    s = wildcards.strategy
+    return op_files([(s, config["strategy_options"].get(s, {}))])
 
 
 def study_ops(wildcards=None):
-    """Every op the study's runs need (build_op's outputs)."""
-    from workflow_scripts.training.build_ops import needed_ops
-
+    """Every op the study's runs need."""
     options = config["strategy_options"]
     strategies = {s for (_, s, _) in [*RUNS, *PUBLISHED_RUNS]}
-    names = sorted({op for s in strategies for op in needed_ops(s, options.get(s, {}))})
-    return expand(f"{W}/ops/{{op}}.json", op=names)
+    return op_files([(s, options.get(s, {})) for s in strategies])
 
 
 def spec_of(w, overrides, out_pattern, work_root, measured=False):
@@ -222,13 +225,9 @@ BENCH_PARTS = {
 
 
 def bench_ops(wildcards):
-    from workflow_scripts.training.build_ops import needed_ops
-
     b, opts = config["bench"], config["strategy_options"]
     used = [(s, opts.get(s, {})) for s in set(b["strategies"]) | {b["lever_strategy"]}]
-    used += [study.lever_run(config, lv) for lv in b["levers"]]
-    names = sorted({op for s, o in used for op in needed_ops(s, o)})
-    return expand(f"{W}/ops/{{op}}.json", op=names)
+    return op_files(used + [study.lever_run(config, lv) for lv in b["levers"]])
 
 
 def bench_config(table):
