@@ -197,19 +197,6 @@ def test_host_term_is_launches_at_the_calibrated_cost():
         2 * (30 - 16 * 49 / 96) * 300e-6)
     noisy = flat_rates(zero3_tensor_us=800.0, zero3_module_us=-20.0)  # a difference measured below zero: no cost
     assert st.host_seconds(z3m, noisy) == st.host_seconds(z3m, calibrated)
-    # FSDP2's units at the calibrated cost of a unit (each of the 4 layers and the root; one where one unit holds the
-    # model) and of a parameter tensor (16), per micro-batch, in place of the fitted launches per layer
-    fsdp, one_unit = (gpt2_run(shape=deep, accum=2, family="fsdp", strategy="fsdp", zero_stage=3, hooks_per_block=b)
-                      for b in (True, False))
-    units = flat_rates(fsdp_unit_us=300.0, fsdp_tensor_us=20.0)
-    assert st.host_seconds(fsdp, units) - st.host_seconds(fsdp, flat_rates()) == pytest.approx(
-        2 * ((5 * 300 + 16 * 20) * 1e-6 - 4 * st.HOOK_OPS["fsdp"] * 10e-6))
-    assert st.host_seconds(one_unit, units) - st.host_seconds(one_unit, flat_rates()) == pytest.approx(
-        2 * ((300 + 16 * 20) * 1e-6 - st.HOOK_OPS["fsdp"] * 10e-6))
-    # the calibration's two models: 25 units of 1 tensor, and 24 of 12 under a root of 1 (289 tensors)
-    from workflow_scripts.measure.calibrate import fsdp_unit_costs
-    assert fsdp_unit_costs(25 * 300e-6 + 25 * 20e-6, 25 * 300e-6 + 289 * 20e-6) == (pytest.approx(300.0),
-                                                                                    pytest.approx(20.0))
 
 
 def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():

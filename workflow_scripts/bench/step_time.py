@@ -258,11 +258,10 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
     if len(paces) > 1:
         raise ValueError("the fitted rows' calibrations differ in copy bandwidth or block kernels: fit one kind's")
     st.MEMORY_FITTED = dict(paces.pop()) if paces else {}
-    # eager ZeRO-3's hooks are priced at a calibration's zero3_tensor_us, FSDP2's at its fsdp_unit_us, where it has
-    # one: the fitted launches only stand in where none has
-    calibrated = {"zero3": lambda rates: rates.zero3_tensor_us, "fsdp": lambda rates: rates.fsdp_unit_us}
+    # eager ZeRO-3's hooks are priced at a calibration's zero3_tensor_us where it has one: the fitted launches only
+    # stand in where none has
     hooks = {st.sharding(r) for r, rates, _ in cases
-             if calibrated.get(st.sharding(r), lambda rates: None)(rates) is None}
+             if not (st.sharding(r) == "zero3" and rates.zero3_tensor_us is not None)}
     losses = {"compiled" if r.compile_loss else "eager" for r in runs}
     # only what the one-GPU rows exercise is fitted; the rest keeps its stated value
     keys = [("MEMORY_BYTES", k) for k in st.MEMORY_BYTES if k in levers or k == "model" and "graphs" in levers] + \

@@ -21,9 +21,6 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - zero3_tensor_us        the host's time per parameter tensor and step of a one-rank DeepSpeed ZeRO-3 engine beyond
                          plain torch's, microseconds (GPU 0; eager ZeRO-3's hook term in plan/step_time.py; None
                          where DeepSpeed is missing), and zero3_module_us, what each module adds (its hooks);
-- fsdp_unit_us           the host's time per FSDP2 unit and micro-batch (gather, cast, release, reduce) beyond plain
-                         torch's, microseconds, and fsdp_tensor_us, what each parameter tensor of a unit adds (GPU 0,
-                         a one-rank mesh; FSDP2's hook term in plan/step_time.py);
 - curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and SDPA
                          forward + backward TFLOP/s over mask (causal, full) x sequence x head dimension, both
                          replayed from CUDA graphs (the device's rates): the step-time model's rates;
@@ -70,10 +67,6 @@ TP_PAIRS = 50
 ZERO3_LAYERS, ZERO3_STEPS = 48, 5  # a stack of small linears (96 parameter tensors) as a ZeRO-3 engine's model
 ZERO3_STACK_MODULES_PER_TENSOR = (ZERO3_LAYERS + 1) / (2 * ZERO3_LAYERS)  # the bare stack's: its linears and root
 ZERO3_CONTAINERS = 4  # parameterless containers nested around each linear of the other stack: 192 modules more
-# FSDP2 units as a one-rank model's (fsdp_host_rows): FSDP_UNITS units under a root that holds a linear of its own;
-# each unit one bias-less linear (lean) or FSDP_BLOCK_LINEARS linears with biases (12 tensors, a GPT-2 or Qwen2
-# block's count)
-FSDP_UNITS, FSDP_BLOCK_LINEARS, FSDP_STEPS = 24, 6, 5
 
 
 def timed(fn, rounds: int, best: bool = False) -> float:
@@ -284,7 +277,6 @@ def gpu_rows(rounds: int) -> list[dict]:
         return [row(n, None, u, "not applicable (cpu)") for n, u in
                 (("matmul_bf16", "TFLOP/s"), ("matmul_bf16_unaligned", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"),
                  ("tp_linear_us", "us"), ("zero3_tensor_us", "us"), ("zero3_module_us", "us"),
-                 ("fsdp_unit_us", "us"), ("fsdp_tensor_us", "us"),
                  ("memory_block", "GB/s"))]
     from workflow_scripts.measure.block_kernels import block_rows
 
@@ -293,7 +285,7 @@ def gpu_rows(rounds: int) -> list[dict]:
         out += one_gpu(i, rounds)
         torch.cuda.empty_cache()
     return out + [unaligned_matmul_row(rounds), *block_rows(rounds), tp_linear_row(rounds),
-                  *zero3_host_rows(rounds), *fsdp_host_rows(torch.device("cuda", 0), rounds)]
+                  *zero3_host_rows(rounds)]
 
 
 def tp_linear_row(rounds: int) -> dict:
@@ -333,16 +325,14 @@ def tp_linear_row(rounds: int) -> dict:
 
 @contextlib.contextmanager
 def one_rank_group(dev):
-    """A one-rank NCCL (gloo on a CPU `dev`) process group on `dev` where the process has none (a study's calibrate job), left after;
+    """A one-rank NCCL process group on `dev` where the process has none (a study's calibrate job), left after;
     LOCAL_RANK set meanwhile where unset (DeepSpeed's engine asks for it)."""
     import torch.distributed as dist
 
     own = not dist.is_initialized()
     set_rank = "LOCAL_RANK" not in os.environ
-    if own and dev.type == "cuda":
+    if own:
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=dev)
-    elif own:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if set_rank:
         os.environ["LOCAL_RANK"] = "0"
     try:
@@ -428,69 +418,6 @@ def zero3_extra_seconds(dev, rounds: int, contained: bool) -> float:
     extra = timed(zero3, rounds, best=True) - timed(eager, rounds, best=True)
     engine.destroy()
     return extra / ZERO3_STEPS
-
-
-def fsdp_host_rows(dev, rounds: int) -> list[dict]:
-    """The host's cost of FSDP2's units beyond plain torch: forward and backward of a one-rank model of FSDP_UNITS
-    fully_shard units (reshard after forward, bf16 parameters and reduction: bf16-pure's policy, as
-    Precision.fsdp_policy) less the same model plain in bf16, for two models: units of one tensor (lean) and of
-    2 x FSDP_BLOCK_LINEARS (block). Each unit gathers, casts, releases and reduces its parameters from Python;
-    `fsdp_unit_us` is what a unit costs whatever it holds, `fsdp_tensor_us` what each tensor in it adds (the two
-    models' difference), per micro-batch (FSDP2's hook term in plan/step_time.py). None with the reason where FSDP2
-    fails."""
-    try:
-        with one_rank_group(dev):
-            lean = fsdp_extra_seconds(dev, rounds, linears=1, bias=False)
-            block = fsdp_extra_seconds(dev, rounds, linears=FSDP_BLOCK_LINEARS, bias=True)
-    except (ImportError, RuntimeError, ValueError, AssertionError) as exc:  # the rest of the calibration stands
-        why = f"failed: {str(exc).strip().splitlines()[-1:]}"
-        return [row("fsdp_unit_us", None, "us", why), row("fsdp_tensor_us", None, "us", why)]
-    unit_us, tensor_us = fsdp_unit_costs(lean, block)
-    return [row("fsdp_unit_us", unit_us, "us", f"FSDP2 forward + backward less plain torch's, per unit and "
-                f"micro-batch, whatever it holds ({FSDP_UNITS} units; one-rank mesh, fastest round)"),
-            row("fsdp_tensor_us", tensor_us, "us", "what each parameter tensor of a unit adds to it (units of "
-                f"{2 * FSDP_BLOCK_LINEARS} tensors against units of 1)")]
-
-
-def fsdp_unit_costs(lean: float, block: float) -> tuple[float, float]:
-    """(µs a unit, µs a tensor) from the seconds FSDP2 added to a micro-batch of the lean and the block model: both
-    have FSDP_UNITS + 1 units (the root's own linear), the lean one a tensor each, the block one 2 x
-    FSDP_BLOCK_LINEARS each but the root's one."""
-    units = FSDP_UNITS + 1
-    lean_tensors, block_tensors = units, 2 * FSDP_BLOCK_LINEARS * FSDP_UNITS + 1
-    tensor = (block - lean) / (block_tensors - lean_tensors)
-    return 1e6 * (lean - tensor * lean_tensors) / units, 1e6 * tensor
-
-
-def fsdp_extra_seconds(dev, rounds: int, linears: int, bias: bool) -> float:
-    """Seconds FSDP2 adds to a micro-batch (forward and backward) of FSDP_UNITS units of `linears` linears each
-    under a root with one linear of its own, over the same model plain in bf16 (the caller's one-rank group)."""
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    def model():
-        units = [torch.nn.Sequential(*[torch.nn.Linear(HOST_WIDTH, HOST_WIDTH, bias=bias) for _ in range(linears)])
-                 for _ in range(FSDP_UNITS)]
-        return torch.nn.Sequential(torch.nn.Linear(HOST_WIDTH, HOST_WIDTH, bias=False), *units).to(dev)
-
-    plain = model().to(torch.bfloat16)
-    sharded = model()
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-    for unit in list(sharded)[1:]:
-        fully_shard(unit, reshard_after_forward=True, mp_policy=policy)
-    fully_shard(sharded, reshard_after_forward=True, mp_policy=policy)
-    x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev, dtype=torch.bfloat16)
-
-    def steps(m):
-        def run():
-            for _ in range(FSDP_STEPS):
-                m(x).float().square().mean().backward()
-                m.zero_grad(set_to_none=True)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-        return run
-
-    return (timed(steps(sharded), rounds, best=True) - timed(steps(plain), rounds, best=True)) / FSDP_STEPS
 
 
 def collective_rows(world: int, platform: str, rounds: int) -> list[dict]:

@@ -30,9 +30,7 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              launches (torch's fused AdamW: a few; DeepSpeed's ZeRO optimizers: DS_OPS_PER_TENSOR per parameter
              tensor, counted on the model built on the meta device), DDP's reducer over several ranks
              (DDP_OPS_PER_TENSOR per parameter tensor and step), the gather and reduce hooks a micro-batch:
-             FSDP2's at the calibrated `fsdp_unit_us` per unit (each layer and the root, or one unit holding
-             the whole model: Strategy.hooks_per_block) and `fsdp_tensor_us` per parameter tensor (HOOK_OPS per
-             layer where a calibration has none),
+             FSDP2's HOOK_OPS per layer (once where one unit holds the whole model: Strategy.hooks_per_block),
              DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart, the
              eager ones at the calibrated `zero3_tensor_us` and `zero3_module_us` per module where measured),
              again where a block's forward is recomputed from the host; eager tensor parallelism's DTensor
@@ -129,8 +127,6 @@ class Rates:
     tp_linear_us: float | None = None  # a tensor-parallel linear's DTensor dispatch, forward + backward, on the host
     zero3_tensor_us: float | None = None  # DeepSpeed ZeRO-3's host time per parameter tensor and step, beyond torch's
     zero3_module_us: float | None = None  # and what each module adds to it (its hooks)
-    fsdp_unit_us: float | None = None  # FSDP2's host time per unit and micro-batch, beyond torch's
-    fsdp_tensor_us: float | None = None  # and what each parameter tensor of a unit adds to it
     matmul_unaligned: float | None = None  # TFLOP/s of calibrate.UNALIGNED's three matmuls (an odd output width)
     host_beside: tuple = ()  # ((ranks, the host's slowdown with that many ranks on the node), ...)
     memory_block: dict = field(default_factory=dict)  # "<block>,<levers>" -> GB/s of its memory-bound kernels
@@ -170,8 +166,7 @@ class Rates:
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
                    tp_linear_us=rows.get("tp_linear_us"), zero3_tensor_us=rows.get("zero3_tensor_us"),
-                   zero3_module_us=rows.get("zero3_module_us"), fsdp_unit_us=rows.get("fsdp_unit_us"),
-                   fsdp_tensor_us=rows.get("fsdp_tensor_us"), matmul_unaligned=rows.get("matmul_bf16_unaligned"),
+                   zero3_module_us=rows.get("zero3_module_us"), matmul_unaligned=rows.get("matmul_bf16_unaligned"),
                    host_beside=beside, memory_block=blocks,
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
                                None))
@@ -185,11 +180,8 @@ def machine_gpu(calibration: dict) -> str | None:
 
 def host_row(name: str) -> bool:
     """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch,
-    ZeRO-3's per-tensor and per-module work, FSDP2's per unit and per tensor)."""
-    return name.startswith("launch_us[") or name in HOST_COSTS
-
-
-HOST_COSTS = ("tp_linear_us", "zero3_tensor_us", "zero3_module_us", "fsdp_unit_us", "fsdp_tensor_us")
+    ZeRO-3's per-tensor and per-module work)."""
+    return name.startswith("launch_us[") or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us")
 
 
 def kind_row(name: str) -> bool:
@@ -472,17 +464,10 @@ def hook_ops(run: Run, layers: float, rates: Rates) -> float:
     ZeRO-3's at the calibrated `zero3_tensor_us` where the calibration has it (a one-rank engine's forward, backward
     and step of a bare stack of linears: the step's share counted with every micro-batch), and `zero3_module_us` for
     each module beyond that stack's share of modules a tensor (ZeRO-3 hooks every module; the calibrations before
-    that row priced tensors only), else the fitted launches. FSDP2's at the calibrated `fsdp_unit_us` a unit (each
-    layer and the root, or the one unit) and `fsdp_tensor_us` a parameter tensor of the stage where the calibration
-    has them, else the fitted launches per layer."""
+    that row priced tensors only), else the fitted launches."""
     key = sharding(run)
     if key is None:
         return 0.0
-    if key == "fsdp" and rates.fsdp_unit_us is not None:
-        units = layers + 1 if run.hooks_per_block else 1.0
-        tensors = run.tensors / degree(run, "pp")
-        us = max(0.0, rates.fsdp_unit_us) * units + max(0.0, rates.fsdp_tensor_us or 0.0) * tensors
-        return us / rates.launch_us
     if key == "fsdp":
         return HOOK_OPS[key] * (layers if run.hooks_per_block else 1.0)
     if key == "zero3" and rates.zero3_tensor_us is not None:
