@@ -398,11 +398,11 @@ def test_twins_set_one_machines_step_against_the_same_runs_on_the_others():
 
 
 def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines(tmp_path):
-    """bench.step_time: a row whose set measured no calibration gets the launch cost every committed calibration of
-    its GPU kind measured, their median (H100 machines measured 6-10 us), not the one machine of the kind's file;
-    another kind's calibration does not count, a set's own launch cost is kept; a host cost only some calibrations
-    measured (the DTensor dispatch) comes from those. A plan on a kind's committed file (load_rates) takes the same
-    median; on any other calibration, that machine's own."""
+    """bench.step_time: a row gets the launch cost every committed calibration of its GPU kind measured, their
+    median (H100 machines measured 6-10 us), not the one machine of the kind's file nor its set's own (one of the
+    median's); another kind's calibration does not count; a host cost only some calibrations measured (the DTensor
+    dispatch) comes from those. load_rates takes the same medians on any calibration of the kind (a plan on the
+    kind's file, a study's own rows), and keeps a machine's own host cost where its kind measured none."""
     import json
 
     from workflow_scripts.bench import step_time as bench_st
@@ -437,11 +437,17 @@ def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines
         bench_st.rates_for({"device_name": h100, "set": "study/none"}, tmp_path, {})
         assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0
         bench_st.rates_for({"device_name": h100, "set": "study/a"}, tmp_path, {})
-        assert seen["launch_us[0]"] == 6.0 and seen["tp_linear_us"] == 400.0
-        st.load_rates(tmp_path / "calibration/h100/calibration.json")
+        assert seen["launch_us[0]"] == 7.0 and seen["tp_linear_us"] == 400.0  # the median, not the set's own 6
+        st.load_rates(tmp_path / "calibration/h100/calibration.json", tmp_path)
         assert seen["launch_us[0]"] == 7.0 and seen["hbm_gbs"] == 3000.0  # the kind's median, not its file's 10
-        st.load_rates(tmp_path / "study/a/calibration/calibration.json")
-        assert seen["launch_us[0]"] == 6.0  # any other calibration: that machine's own
+        st.load_rates(tmp_path / "study/a/calibration/calibration.json", tmp_path)
+        assert seen["launch_us[0]"] == 7.0  # a study's own calibration: its kind's median too
+        other = tmp_path / "other/x/calibration/calibration.json"  # where only another kind measured the dispatch
+        other.parent.mkdir(parents=True)
+        other.write_text(json.dumps({"machine": {"gpu": {"gpus": [{"name": "NVIDIA H200"}]}},
+                                     "rows": [{"name": "tp_linear_us", "value": 999.0}]}))
+        st.load_rates(tmp_path / "study/b/calibration/calibration.json", tmp_path / "other")
+        assert seen["tp_linear_us"] == 400.0 and seen["launch_us[0]"] == 7.0  # the machine's own, not H200's
 
 
 def test_the_models_parts_are_set_beside_the_kernels_of_the_committed_traces():

@@ -6,16 +6,17 @@ only, its error on the others (held out), every row listed.
     python -m workflow_scripts.bench.step_time --fit --same-sets   # refit on the sets the last fit named only
                                                                   # (the later one-GPU sets stay a prospective test)
 
-Each row's rates come from the closest measurement: the GEMM and attention curves and the device copy bandwidth of
-its GPU kind (results/calibration/<kind>/, measured once per kind), the launch cost and bus bandwidths of the set's
-own calibration where it has one (its machine); else the bus bandwidths of the kind's and the launch cost every
-committed calibration of the kind measured, their median (plan.step_time.kind_medians: machines of one kind
-launch at 6-10 µs, the kind's own file holds one machine), and so for the DTensor dispatch of a tensor-parallel
-linear. Compared: the predicted step time against the row's median step time (`step_time_median_s`). A row whose
-timed steps followed a profiler window in their process (`after_trace`, measure.metrics.timed_after_trace) carries
-the profiler's after-effect: no fit uses it, and each error is given with and without such rows. Prints a markdown
-table, then the twins (the same run measured on other machines of its kind: `twins`); --out writes it and the rows
-as CSV.
+Each row's rates: the GEMM and attention curves and the device copy bandwidth of its GPU kind
+(results/calibration/<kind>/, measured once per kind); the bus bandwidths and host_beside of the set's own
+calibration where it has one (its machine), else the kind's; the host costs (launch, DTensor's dispatch of a
+tensor-parallel linear, ZeRO-3's hooks) and block-kernel paces the median of every committed calibration of the
+kind, the set's own among them (plan.step_time.kind_medians, machine_row: machines of one kind launch at 6-10 us,
+and one machine's own launch measure did not order the machines by their steps), as a study's own rows take them
+(report.parse, plan.step_time.load_rates). Compared: the predicted step time against the row's median step time
+(`step_time_median_s`). A row whose timed steps followed a profiler window in their process (`after_trace`,
+measure.metrics.timed_after_trace) carries the profiler's after-effect: no fit uses it, and each error is given with
+and without such rows. Prints a markdown table, then the twins (the same run measured on other machines of its kind:
+`twins`); --out writes it and the rows as CSV.
 """
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def committed_rows(results: Path) -> pd.DataFrame:
 
 
 def merged_calibration(kind: dict, own: dict | None) -> dict:
-    """The kind's calibration with the set's own rows for what depends on the machine (host costs, collectives)."""
+    """The kind's calibration with the set's own rows for what depends on the machine (st.machine_row: its
+    collectives, its host's slowdown beside the node's other ranks)."""
     if not own:
         return kind
     mine = {r["name"]: r for r in own["rows"] if r["value"] is not None and st.machine_row(r["name"])}

@@ -192,57 +192,76 @@ def kind_row(name: str) -> bool:
 
 
 def machine_row(name: str) -> bool:
-    """Whether a calibration row describes the machine rather than its GPU kind: its host costs, its host's slowdown
-    beside the node's other ranks (host_beside: a machine's own, never a kind's median), its collectives. A set's own
-    calibration overrides its kind's file with these."""
-    return host_row(name) or name.startswith("host_beside[") or "_busbw[" in name
+    """Whether a calibration row describes the machine rather than its GPU kind: its host's slowdown beside the
+    node's other ranks (host_beside: a machine's own, never a kind's median), its collectives. A set's own
+    calibration overrides its kind's file with these. Its host costs do not: one machine's launch loop and hooks,
+    measured once, did not order the kind's machines by their steps (the same run on other machines of its kind,
+    bench.step_time's twins: moved by the machines' own host costs 12.8 % from what they measured, 8.5 % apart as
+    they were), so they count once among the kind's (kind_medians)."""
+    return name.startswith("host_beside[") or "_busbw[" in name
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"  # the repository's calibrations: the kinds' medians
 
 
 @lru_cache(maxsize=None)
-def kind_medians(results: Path, device_name: str) -> dict:
-    """Per host-cost and block-kernel row (kind_row), the median over every committed calibration measured on this GPU
-    kind (the study sets' and the kind's own, results/calibration/<kind>*/): the host costs of a machine of the kind
-    that no calibration of its own measured (machines of one kind launch at 6-10 us; a kind's file holds one
-    machine). A host cost no calibration of the kind measured (a row newer than its calibrations) takes the median
-    over every GPU kind's: it is the host's Python, beside whichever GPU; a per-GPU one (launch_us[i]) never does."""
-    import statistics
-
+def kind_rows(results: Path) -> tuple:
+    """(GPU name, row name, value) of every host-cost and block-kernel row (kind_row) of every calibration under
+    `results` (the kinds' own, results/calibration/<kind>*/, and every study set's)."""
     from workflow_scripts import columns as C
 
-    mine: dict = {}
-    every: dict = {}
+    out = []
     kinds = sorted((results / "calibration").glob("*/calibration.json"))
     for path in kinds + sorted(results.glob(f"**/{C.CALIBRATION}")):
         calibration = json.loads(path.read_text())
         gpu = machine_gpu(calibration)
-        for r in calibration["rows"]:
-            if gpu and kind_row(r["name"]) and r["value"] is not None:
-                every.setdefault(r["name"], []).append(float(r["value"]))
-                if gpu == device_name:
-                    mine.setdefault(r["name"], []).append(float(r["value"]))
+        out += [(gpu, r["name"], float(r["value"])) for r in calibration["rows"]
+                if gpu and kind_row(r["name"]) and r["value"] is not None]
+    return tuple(out)
+
+
+def kind_medians(results: Path, device_name: str, every_kind: bool = True) -> dict:
+    """Per host-cost and block-kernel row (kind_row), the median over every calibration under `results` measured on
+    this GPU kind: the host costs of any machine of the kind (machines of one kind launch at 6-10 us, and one
+    machine's own measure does not say how fast its steps run: machine_row). With `every_kind`, a host cost no
+    calibration of the kind measured (a row newer than its calibrations) takes the median over every GPU kind's: it
+    is the host's Python, beside whichever GPU; a per-GPU one (launch_us[i]) never does."""
+    import statistics
+
+    mine: dict = {}
+    every: dict = {}
+    for gpu, name, value in kind_rows(Path(results)):
+        every.setdefault(name, []).append(value)
+        if gpu == device_name:
+            mine.setdefault(name, []).append(value)
     return {name: statistics.median(mine.get(name) or v) for name, v in every.items()
-            if name in mine or "[" not in name}
+            if name in mine or (every_kind and "[" not in name)}
 
 
 def with_kind_medians(calibration: dict, results: Path) -> dict:
-    """A kind's calibration with the host costs and block-kernel paces of the kind's machines (kind_medians) for its
-    own, and those it did not measure (a calibration older than the row)."""
-    host = dict(kind_medians(Path(results), machine_gpu(calibration)))
-    rows = [{**r, "value": host.pop(r["name"], r["value"])} for r in calibration["rows"]]
+    """A calibration with its kind's medians (kind_medians) for its host costs and block-kernel paces, and every
+    kind's for those its kind never measured where it has none of its own."""
+    gpu = machine_gpu(calibration)
+    if not gpu:  # a CPU calibration: no host cost of a GPU kind to take
+        return calibration
+    mine, fill = kind_medians(Path(results), gpu, every_kind=False), dict(kind_medians(Path(results), gpu))
+    rows = []
+    for r in calibration["rows"]:
+        value = mine.get(r["name"], r["value"] if r["value"] is not None else fill.get(r["name"]))
+        fill.pop(r["name"], None)
+        rows.append({**r, "value": value})
     return {**calibration, "rows": rows + [{"name": k, "value": v, "detail": "the kind's median",
                                             "unit": "GB/s" if k.startswith("memory_block[") else "us"}
-                                           for k, v in sorted(host.items())]}
+                                           for k, v in sorted(fill.items())]}
 
 
-def load_rates(path) -> Rates:
-    """A calibration's rates (Rates.load). A GPU kind's committed file (results/calibration/<kind>/calibration.json,
-    what plan.calibration names to plan for a kind, and the published and simulated predictions use) stands for any
-    machine of the kind: its host costs and block-kernel paces are the kind's medians (kind_medians), the rest its
-    own."""
-    path = Path(path)
-    if path.parent.parent.name != "calibration" or path.name != "calibration.json":
-        return Rates.load(path)
-    return Rates.load(path, lambda calibration: with_kind_medians(calibration, path.parent.parent.parent))
+def load_rates(path, results: Path = RESULTS) -> Rates:
+    """A calibration's rates (Rates.load), its host costs and block-kernel paces those of every calibration of its
+    GPU kind under `results` (with_kind_medians; the repository's, the machine's own among them where its study
+    writes there). So a kind's committed file (results/calibration/<kind>/calibration.json, what plan.calibration
+    names to plan for a kind, and the published and simulated predictions use) stands for any machine of the kind,
+    and a study's rows (report.parse) are predicted as bench.step_time tests them."""
+    return Rates.load(path, lambda calibration: with_kind_medians(calibration, Path(results)))
 
 
 @lru_cache(maxsize=65536)

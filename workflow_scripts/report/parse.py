@@ -68,13 +68,14 @@ def predicted_peak(summary: dict, spec: dict, settings: dict | None) -> dict:
 
 
 def step_rates(calibration: str | None):
-    """The step-time model's rates from the study's calibration, or why there are none."""
+    """The step-time model's rates from the study's calibration (its host costs its GPU kind's medians, as
+    bench.step_time tests them: plan.step_time.load_rates), or why there are none."""
     if not calibration:
         return "no calibration"
-    from workflow_scripts.plan.step_time import Rates
+    from workflow_scripts.plan.step_time import load_rates
 
     try:
-        return Rates.load(calibration)
+        return load_rates(calibration)
     except ValueError as exc:
         return str(exc)
 
