@@ -397,6 +397,27 @@ def test_twins_set_one_machines_step_against_the_same_runs_on_the_others():
     assert "| held out | 3 |" in bench_st.twins_markdown(out.reset_index())
 
 
+def test_repeats_set_each_round_against_its_sets_median_and_keep_the_models_error_beside():
+    """bench.step_time.repeats: a run measured three times in one set gives each round against their median
+    (spread), with the model's error on it and the row's bound; the same run twice in another set, a round timed
+    after a trace, or another run in the set is no repeat."""
+    import pandas as pd
+
+    from workflow_scripts.bench import step_time as bench_st
+
+    rows = [("a/h200x2", 0.10, False), ("a/h200x2", 0.11, False), ("a/h200x2", 0.12, False), ("a/h200x2", 0.5, True),
+            ("b/h200x2", 0.10, False), ("b/h200x2", 0.20, False)]
+    frame = pd.DataFrame([{"set": s, "model": "gpt2", "strategy": "ddp", "layout": "{}", "gpus": 2, "micro_batch": 1,
+                           "levers": "eager", "measured_step_s": m, "predicted_step_s": 0.1, "error": 0.1 / m - 1,
+                           "bound": "host", "after_trace": t} for s, m, t in rows])
+    run = gpt2_run(layout={"dp": 2})
+    out = bench_st.repeats(frame, [run] * 6, ["NVIDIA H200"] * 6)
+    assert list(out["set"]) == ["a/h200x2"] * 3
+    assert list(out["spread"]) == pytest.approx([0.10 / 0.11 - 1, 0.0, 0.12 / 0.11 - 1])
+    assert list(out["error"]) == pytest.approx([0.0, 0.1 / 0.11 - 1, 0.1 / 0.12 - 1])
+    assert "| held out | host | 3 |" in bench_st.repeats_markdown(out)
+
+
 def test_a_set_without_its_own_host_costs_takes_the_median_of_its_kinds_machines(tmp_path):
     """bench.step_time: a row gets the launch cost every committed calibration of its GPU kind measured, their
     median (H100 machines measured 6-10 us), not the one machine of the kind's file nor its set's own (one of the

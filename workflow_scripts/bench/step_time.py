@@ -16,7 +16,8 @@ and one machine's own launch measure did not order the machines by their steps),
 (`step_time_median_s`). A row whose timed steps followed a profiler window in their process (`after_trace`,
 measure.metrics.timed_after_trace) carries the profiler's after-effect: no fit uses it, and each error is given with
 and without such rows. Prints a markdown table, then the twins (the same run measured on other machines of its kind:
-`twins`); --out writes it and the rows as CSV.
+`twins`) and the repeats (the same run in the rounds of one machine: `repeats`); --out writes it and the rows as
+CSV.
 """
 from __future__ import annotations
 
@@ -187,8 +188,7 @@ def twins(frame: pd.DataFrame, runs: list, devices) -> pd.DataFrame:
     measured step against the median of its twins' in the other sets (`spread`: how far the machines of one kind
     differ on the same work), the twins' measured steps moved by the model's own ratio between this row's
     calibration and theirs (`transfer`: what the calibrations explain of that difference), and the model's error."""
-    keys = [json.dumps(dataclasses.asdict(run), sort_keys=True, default=str) for run in runs]
-    clean = frame.assign(key=keys, device=list(devices))[~frame["after_trace"].astype(bool)]
+    clean = keyed(frame, runs, devices)
     out = []
     for _, group in clean.groupby(["key", "device"]):
         if group["set"].nunique() < 2:
@@ -201,6 +201,40 @@ def twins(frame: pd.DataFrame, runs: list, devices) -> pd.DataFrame:
                         "twins": len(others), "spread": r["measured_step_s"] / others["measured_step_s"].median() - 1,
                         "transfer": moved.median() / r["measured_step_s"] - 1})
     return pd.DataFrame(out)
+
+
+def keyed(frame: pd.DataFrame, runs: list, devices) -> pd.DataFrame:
+    """The rows not timed after a trace, each with its run's every input to the model (`key`) and its GPU kind."""
+    keys = [json.dumps(dataclasses.asdict(run), sort_keys=True, default=str) for run in runs]
+    return frame.assign(key=keys, device=list(devices))[~frame["after_trace"].astype(bool)]
+
+
+def repeats(frame: pd.DataFrame, runs: list, devices, least: int = 3) -> pd.DataFrame:
+    """Rows measured at least `least` times in one set (the rounds of one machine, one command): per such row, its
+    measured step against its group's median (`spread`: how far one machine repeats the same work), beside the
+    model's error on it; what no model of the run's inputs can predict closer on average."""
+    out = []
+    for _, group in keyed(frame, runs, devices).groupby(["key", "device", "set"]):
+        if len(group) >= least:
+            median = group["measured_step_s"].median()
+            out += [{"set": r["set"], "bound": r["bound"], "spread": r["measured_step_s"] / median - 1,
+                     "error": r["error"], "gpus": r["gpus"]} for _, r in group.iterrows()]
+    return pd.DataFrame(out)
+
+
+def repeats_markdown(frame: pd.DataFrame) -> str:
+    """The repeats' spread against the model's error, held out and fitted apart, by bound."""
+    if frame.empty:
+        return ""
+    held = ~fit_class(frame)
+    lines = ["### the same run repeated on one machine (rounds of one set)", "",
+             ("Spread: a row's measured step against the median of its rounds in its set (at least 3). Model: its "
+              "error on the same rows."), "", "| rows | bound | n | spread | model |", "|---|---|---|---|---|"]
+    for name, part in (("held out", frame[held]), ("fitted class", frame[~held])):
+        for bound, rows in part.groupby("bound"):
+            lines.append(f"| {name} | {bound} | {len(rows)} | {rows['spread'].abs().mean():.1%} | "
+                         f"{rows['error'].abs().mean():.1%} |")
+    return "\n".join(lines + [""])
 
 
 def twins_markdown(frame: pd.DataFrame) -> str:
@@ -347,6 +381,7 @@ def main(argv=None):
     text = markdown(frame)
     same = twins(frame, runs, rows["device_name"])
     text += "\n" + twins_markdown(same)
+    text += "\n" + repeats_markdown(repeats(frame, runs, rows["device_name"]))
     if len(skipped):
         text += (f"\nNot modelled: {len(skipped)} rows (" + "; ".join(
             f"{why}: {n}" for why, n in skipped.groupby("why").size().items()) + ")\n")
