@@ -222,15 +222,25 @@ def repeats(frame: pd.DataFrame, runs: list, devices, least: int = 3) -> pd.Data
     return pd.DataFrame(out)
 
 
+def head(title: str, note: str, columns: tuple) -> list[str]:
+    """A section of step_time.md: its title, what its columns mean, its table's header."""
+    return [f"### {title}", "", note, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def roles(frame: pd.DataFrame) -> tuple:
+    """(name, rows) of the held-out rows and of the fitted class (fit_class)."""
+    held = ~fit_class(frame)
+    return ("held out", frame[held]), ("fitted class", frame[~held])
+
+
 def repeats_markdown(frame: pd.DataFrame) -> str:
     """The repeats' spread against the model's error, held out and fitted apart, by bound."""
     if frame.empty:
         return ""
-    held = ~fit_class(frame)
-    lines = ["### the same run repeated on one machine (rounds of one set)", "",
-             ("Spread: a row's measured step against the median of its rounds in its set (at least 3). Model: its "
-              "error on the same rows."), "", "| rows | bound | n | spread | model |", "|---|---|---|---|---|"]
-    for name, part in (("held out", frame[held]), ("fitted class", frame[~held])):
+    lines = head("the same run repeated on one machine (rounds of one set)",
+                 "Spread: a row's measured step against the median of its rounds in its set (at least 3). Model: its "
+                 "error on the same rows.", ("rows", "bound", "n", "spread", "model"))
+    for name, part in roles(frame):
         for bound, rows in part.groupby("bound"):
             lines.append(f"| {name} | {bound} | {len(rows)} | {rows['spread'].abs().mean():.1%} | "
                          f"{rows['error'].abs().mean():.1%} |")
@@ -242,11 +252,11 @@ def twins_markdown(frame: pd.DataFrame) -> str:
     if frame.empty:
         return ""
     held = ~fit_class(frame)
-    lines = ["### the same run on other machines of its kind (twins: identical inputs to the model)", "",
-             ("Spread: a row's measured step against its twins' median on the other machines. Moved: the twins' "
-              "steps times the model's ratio between the two calibrations. Model: its error."), "",
-             "| rows | n | spread | moved by the calibrations | model |", "|---|---|---|---|---|"]
-    for name, part in (("held out", frame[held]), ("fitted class", frame[~held])):
+    lines = head("the same run on other machines of its kind (twins: identical inputs to the model)",
+                 "Spread: a row's measured step against its twins' median on the other machines. Moved: the twins' "
+                 "steps times the model's ratio between the two calibrations. Model: its error.",
+                 ("rows", "n", "spread", "moved by the calibrations", "model"))
+    for name, part in roles(frame):
         if len(part):
             lines.append(f"| {name} | {len(part)} | {part['spread'].abs().mean():.1%} | "
                          f"{part['transfer'].abs().mean():.1%} | {part['error'].abs().mean():.1%} |")
