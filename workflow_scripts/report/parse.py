@@ -67,15 +67,16 @@ def predicted_peak(summary: dict, spec: dict, settings: dict | None) -> dict:
             "predicted_peak_note": (f"{p.method}, {p.why}" if p.bound else p.method) if p.modelled else p.why}
 
 
-def step_rates(calibration: str | None):
-    """The step-time model's rates from the study's calibration (its host costs its GPU kind's medians, as
-    bench.step_time tests them: plan.step_time.load_rates), or why there are none."""
+def step_rates(calibration: str | None, machine_own: bool = False):
+    """The step-time model's rates from the study's calibration, or why there are none: its host costs its GPU
+    kind's medians, as bench.step_time tests them (plan.step_time.load_rates: what predicts a row best), or with
+    `machine_own` the machine's own as measured (verify: what may tell two machines apart)."""
     if not calibration:
         return "no calibration"
-    from workflow_scripts.plan.step_time import load_rates
+    from workflow_scripts.plan.step_time import Rates, load_rates
 
     try:
-        return load_rates(calibration)
+        return Rates.load(calibration) if machine_own else load_rates(calibration)
     except ValueError as exc:
         return str(exc)
 

@@ -132,14 +132,15 @@ def measures(n: pd.Series, o: pd.Series) -> dict:
 
 def model_ratio(o, committed: Path, rerun: Path) -> tuple[float, str] | None:
     """Rerun / committed tokens/s that the step-time model predicts for the committed GPU run on the two sets'
-    calibrations (each machine's GEMM and attention curves, copies, launch cost, bus bandwidths), and what bounds
-    it; None where a calibration lacks the curves or the model does not cover the run (bound.py's shares then)."""
+    calibrations (each machine's GEMM and attention curves, copies, launch cost, bus bandwidths, as measured: not
+    its kind's median host costs, which would leave two machines' hosts alike), and what bounds it; None where a
+    calibration lacks the curves or the model does not cover the run (bound.py's shares then)."""
     from workflow_scripts.plan import step_time as st
     from workflow_scripts.report.parse import step_rates
 
     if bound.on_cpu(o) or not isinstance(o.get("run_dir"), str):  # CPU rows; sets from before the column
         return None
-    rates = [step_rates(str(path / C.CALIBRATION)) if (path / C.CALIBRATION).exists() else None
+    rates = [step_rates(str(path / C.CALIBRATION), machine_own=True) if (path / C.CALIBRATION).exists() else None
              for path in (committed, rerun)]
     if not all(isinstance(r, st.Rates) for r in rates):
         return None
