@@ -179,6 +179,9 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     tp = gpt2_run(shape=deep, accum=2, layout={"dp": 1, "tp": 2, "pp": 2})
     assert st.host_seconds(tp, flat_rates(tp_linear_us=500.0)) - st.host_seconds(tp, flat_rates()) == pytest.approx(
         2 * 7 * 2 * 500e-6)
+    # ... at the cost measured on a mesh of the run's tp ranks where the calibration has it (the nearest count)
+    ranks = flat_rates(tp_linear_us=500.0, tp_linear_ranks=((2, 800.0), (8, 2000.0)))
+    assert st.host_seconds(tp, ranks) - st.host_seconds(tp, flat_rates()) == pytest.approx(2 * 7 * 2 * 800e-6)
     compiled = gpt2_run(shape=deep, levers="blocks", layout={"dp": 1, "tp": 2})
     assert st.host_seconds(compiled, flat_rates(tp_linear_us=500.0)) == st.host_seconds(compiled, flat_rates())
     # eager ZeRO-3's hooks at the calibrated cost per parameter tensor (16 here) and micro-batch, in place of the

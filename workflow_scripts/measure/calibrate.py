@@ -17,7 +17,7 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - per GPU: hbm_copy      device-to-device copy of 1 GiB, GB/s read + written (memory-bound work: plan/step_time.py);
 - tp_linear_us           the host's time per tensor-parallel linear, forward + backward, beyond a plain one's:
                          DTensor's dispatch, microseconds (GPU 0, a one-rank mesh; eager tensor parallelism's host
-                         term in plan/step_time.py);
+                         term in plan/step_time.py), and tp_linear_us_ranks[n] on a mesh of n ranks (below);
 - zero3_tensor_us        the host's time per parameter tensor and step of a one-rank DeepSpeed ZeRO-3 engine beyond
                          plain torch's, microseconds (GPU 0; eager ZeRO-3's hook term in plan/step_time.py; None
                          where DeepSpeed is missing), and zero3_module_us, what each module adds (its hooks);
@@ -35,7 +35,8 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
                          algbw x 2(n-1)/n, all-gather algbw x (n-1)/n) at 64 MB and 1 GB, torchrun with n processes;
                          launch_us_ranks[n], the launch cost measured on the n processes at once (their slowest):
                          n host-bound ranks of a node issue their steps together; host_beside[n], its ratio to
-                         launch_us[0] alone.
+                         launch_us[0] alone; tp_linear_us_ranks[n], tp_linear_us over a mesh of the n ranks (the
+                         slowest rank's): the dispatch with the all-reduces of tensor parallelism at n ranks.
 On CPU the GPU and collective rows are present with value None and detail "not applicable (cpu)" (CPU studies
 check a pipeline, they time nothing worth explaining; the calibration there takes about 3 s).
 """
@@ -289,38 +290,47 @@ def gpu_rows(rounds: int) -> list[dict]:
 
 
 def tp_linear_row(rounds: int) -> dict:
-    """The host's cost of one tensor-parallel linear beyond a plain one's: forward and backward of a ColwiseParallel
-    and a RowwiseParallel linear (parallel/tensor.py's split) on a one-rank DTensor mesh of GPU 0, less the same two
-    as plain linears, per linear. Its own one-rank process group where the process has none (a study's calibrate
-    job)."""
+    """The host's cost of one tensor-parallel linear beyond a plain one's on a one-rank DTensor mesh of GPU 0
+    (tp_extra_us). Its own one-rank process group where the process has none (a study's calibrate job)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     dev = torch.device("cuda", 0)
     try:
-        def pair():
-            return torch.nn.Sequential(torch.nn.Linear(HOST_WIDTH, 4 * HOST_WIDTH, bias=False),
-                                       torch.nn.Linear(4 * HOST_WIDTH, HOST_WIDTH, bias=False)).to(dev)
-
         with one_rank_group(dev):
-            plain, split = pair(), pair()
-            parallelize_module(split, init_device_mesh("cuda", (1,)), {"0": ColwiseParallel(), "1": RowwiseParallel()})
-            x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)
-
-            def pairs(m):
-                def run():
-                    for _ in range(TP_PAIRS):
-                        m(x).sum().backward()
-                    torch.cuda.synchronize(dev)
-                return run
-
-            extra = timed(pairs(split), rounds, best=True) - timed(pairs(plain), rounds, best=True)
+            extra = tp_extra_us(dev, init_device_mesh("cuda", (1,)), rounds)
     except (RuntimeError, ValueError) as exc:  # the rest of the calibration stands without this row
         return row("tp_linear_us", None, "us", f"failed: {str(exc).strip().splitlines()[-1:]}")
-    return row("tp_linear_us", 1e6 * extra / (2 * TP_PAIRS), "us",
+    return row("tp_linear_us", extra, "us",
                "DTensor colwise + rowwise linear, forward + backward, less plain ones, per linear; one-rank mesh, "
                "fastest round")
+
+
+def tp_extra_us(dev, mesh, rounds: int) -> float:
+    """Forward and backward of a ColwiseParallel and a RowwiseParallel linear (parallel/tensor.py's split) over
+    `mesh`, less the same two as plain linears, microseconds per linear (fastest round): DTensor's dispatch and, on
+    a mesh of several ranks, the all-reduces they wait on together."""
+    import torch
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    def pair():
+        return torch.nn.Sequential(torch.nn.Linear(HOST_WIDTH, 4 * HOST_WIDTH, bias=False),
+                                   torch.nn.Linear(4 * HOST_WIDTH, HOST_WIDTH, bias=False)).to(dev)
+
+    plain, split = pair(), pair()
+    parallelize_module(split, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)
+
+    def pairs(m):
+        def run():
+            for _ in range(TP_PAIRS):
+                m(x).sum().backward()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        return run
+
+    extra = timed(pairs(split), rounds, best=True) - timed(pairs(plain), rounds, best=True)
+    return 1e6 * extra / (2 * TP_PAIRS)
 
 
 @contextlib.contextmanager
@@ -462,10 +472,27 @@ def collectives(platform: str, rounds: int) -> None:
             print(json.dumps(row(f"all_gather_busbw[{n}x{size // MB}MB]", size * n / t_ag * (n - 1) / n / GB,
                                  "GB/s", label)))
     launch = launch_beside(device, rounds)
+    tp = tp_beside(device, rounds)
     if dist.get_rank() == 0:
         print(json.dumps(row(f"launch_us_ranks[{n}]", launch, "us", f"launch_us on each of {n} processes at once "
                              "(their slowest, fastest round): a host-bound rank's pace beside the node's others")))
+        print(json.dumps(row(f"tp_linear_us_ranks[{n}]", tp, "us", f"tp_linear_us on a mesh of the {n} ranks "
+                             "(their slowest): DTensor's dispatch with the all-reduces the ranks wait on together")))
     dist.destroy_process_group()
+
+
+def tp_beside(device, rounds: int) -> float | None:
+    """tp_extra_us on a mesh of every rank of the group, the slowest rank's; None where DTensor fails here."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    try:
+        mine = tp_extra_us(device, init_device_mesh(device.type, (dist.get_world_size(),)), rounds)
+    except (RuntimeError, ValueError):
+        mine = None
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return None if None in every else max(every)
 
 
 def launch_beside(device, rounds: int) -> float:

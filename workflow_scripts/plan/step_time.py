@@ -125,6 +125,7 @@ class Rates:
     d2h: float | None = None
     cpu_adam_ms: float | None = None  # AdamW step over 10 M fp32 parameters on the host
     tp_linear_us: float | None = None  # a tensor-parallel linear's DTensor dispatch, forward + backward, on the host
+    tp_linear_ranks: tuple = ()  # ((ranks, the same on a mesh of that many ranks of one node, us), ...)
     zero3_tensor_us: float | None = None  # DeepSpeed ZeRO-3's host time per parameter tensor and step, beyond torch's
     zero3_module_us: float | None = None  # and what each module adds to it (its hooks)
     matmul_unaligned: float | None = None  # TFLOP/s of calibrate.UNALIGNED's three matmuls (an odd output width)
@@ -155,6 +156,8 @@ class Rates:
         beside = tuple(sorted((int(k[len("host_beside["):-1]), v) for k, v in rows.items()
                               if k.startswith("host_beside[")))
         blocks = {k[len("memory_block["):-1]: v for k, v in rows.items() if k.startswith("memory_block[")}
+        tp_ranks = tuple(sorted((int(k[len("tp_linear_us_ranks["):-1]), v) for k, v in rows.items()
+                                if k.startswith("tp_linear_us_ranks[")))
         for name, value in rows.items():
             if m := BUSBW.fullmatch(name):
                 busbw.setdefault((m[1], int(m[2])), []).append((float(m[3]) * MB, value))
@@ -165,7 +168,7 @@ class Rates:
                    hbm=first("hbm_copy["), launch_us=first("launch_us["),
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
-                   tp_linear_us=rows.get("tp_linear_us"), zero3_tensor_us=rows.get("zero3_tensor_us"),
+                   tp_linear_us=rows.get("tp_linear_us"), tp_linear_ranks=tp_ranks, zero3_tensor_us=rows.get("zero3_tensor_us"),
                    zero3_module_us=rows.get("zero3_module_us"), matmul_unaligned=rows.get("matmul_bf16_unaligned"),
                    host_beside=beside, memory_block=blocks,
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
@@ -179,9 +182,10 @@ def machine_gpu(calibration: dict) -> str | None:
 
 
 def host_row(name: str) -> bool:
-    """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch,
-    ZeRO-3's per-tensor and per-module work)."""
-    return name.startswith("launch_us[") or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us")
+    """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch at
+    one rank and at n, ZeRO-3's per-tensor and per-module work)."""
+    return (name.startswith(("launch_us[", "tp_linear_us_ranks["))
+            or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us"))
 
 
 def kind_row(name: str) -> bool:
@@ -510,12 +514,18 @@ def replayed_forward(run: Run) -> float:
 def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
     """A micro-batch's DTensor dispatch on the host: eager tensor parallelism runs each parallel linear of a block
     (parallel/tensor.py's BLOCK_PLAN) through DTensor's Python, forward and backward, at the calibrated cost per
-    linear (`tp_linear_us`; none where the calibration has none). Compiled blocks trace it away."""
+    linear: on a mesh of the run's tp ranks where the calibration measured one (`tp_linear_us_ranks[n]`, the
+    nearest n: the all-reduces the ranks wait on together cost two H200 ranks 1.35x one rank's dispatch,
+    results/bench_harness/h200x2-tp-host), else on one rank (`tp_linear_us`; none where the calibration has
+    neither). Compiled blocks trace it away."""
     from workflow_scripts.training.parallel.tensor import BLOCK_PLAN
 
-    if degree(run, "tp") == 1 or run.levers != "eager" or rates.tp_linear_us is None:
+    tp = degree(run, "tp")
+    if tp == 1 or run.levers != "eager" or (rates.tp_linear_us is None and not rates.tp_linear_ranks):
         return 0.0
-    return len(BLOCK_PLAN) * layers * rates.tp_linear_us * 1e-6
+    per_linear = (min(rates.tp_linear_ranks, key=lambda p: (abs(p[0] - tp), -p[0]))[1] if rates.tp_linear_ranks
+                  else rates.tp_linear_us)
+    return len(BLOCK_PLAN) * layers * per_linear * 1e-6
 
 
 def world(run: Run) -> int:
