@@ -8,16 +8,16 @@ only, its error on the others (held out), every row listed.
 
 Each row's rates: the GEMM and attention curves and the device copy bandwidth of its GPU kind
 (results/calibration/<kind>/, measured once per kind); the bus bandwidths and host_beside of the set's own
-calibration where it has one (its machine), else the kind's; the host costs (launch, DTensor's dispatch of a
-tensor-parallel linear, ZeRO-3's hooks) and block-kernel paces the median of every committed calibration of the
-kind, the set's own among them (plan.step_time.kind_medians, machine_row: machines of one kind launch at 6-10 us,
-and one machine's own launch measure did not order the machines by their steps), as a study's own rows take them
-(report.parse, plan.step_time.load_rates). Compared: the predicted step time against the row's median step time
-(`step_time_median_s`). A row whose timed steps followed a profiler window in their process (`after_trace`,
-measure.metrics.timed_after_trace) carries the profiler's after-effect: no fit uses it, and each error is given with
-and without such rows. Prints a markdown table, then the twins (the same run measured on other machines of its kind:
-`twins`) and the repeats (the same run in the rounds of one machine: `repeats`); --out writes it and the rows as
-CSV.
+calibration where it has one (its machine), else the median of the kind's calibrations (kind_collectives); the host
+costs (launch, DTensor's dispatch of a tensor-parallel linear, ZeRO-3's hooks) and block-kernel paces the median of
+every committed calibration of the kind, the set's own among them (plan.step_time.kind_medians, machine_row:
+machines of one kind launch at 6-10 us, and one machine's own launch measure did not order the machines by their
+steps), as a study's own rows take them (report.parse, plan.step_time.load_rates). Compared: the predicted step time
+against the row's median step time (`step_time_median_s`). A row whose timed steps followed a profiler window in
+their process (`after_trace`, measure.metrics.timed_after_trace) carries the profiler's after-effect: no fit uses
+it, and each error is given with and without such rows. Prints a markdown table, then the twins (the same run
+measured on other machines of its kind: `twins`) and the repeats (the same run in the rounds of one machine:
+`repeats`); --out writes it and the rows as CSV.
 """
 from __future__ import annotations
 
@@ -78,12 +78,24 @@ def rates_for(row, results: Path, cache: dict) -> st.Rates:
         kind = json.loads((results / "calibration" / KINDS[row["device_name"]] / "calibration.json").read_text())
         kind = st.with_kind_medians(kind, results)
         own = json.loads(own_path.read_text()) if own_path.exists() else None
-        same = [json.loads(p.read_text()) for p in sorted((results / "calibration").glob("*/calibration.json"))]
-        for other in same:  # collectives measured on another machine of the kind (no set of its own has them)
-            if st.machine_gpu(other) == row["device_name"]:
-                kind = merged_calibration(kind, {"rows": [r for r in other["rows"] if "_busbw[" in r["name"]]})
-        cache[key] = st.Rates.of(merged_calibration(kind, own))
+        cache[key] = st.Rates.of(merged_calibration(merged_calibration(kind, kind_collectives(row, results)), own))
     return cache[key]
+
+
+def kind_collectives(row, results: Path) -> dict:
+    """The bus bandwidths of the row's GPU kind for a set without its own: per collective, rank count and size, the
+    median over the kind's calibrations that measured it (results/calibration/<kind>*/: machines of one kind, as
+    for the host costs)."""
+    import statistics
+
+    measured: dict = {}
+    for path in sorted((results / "calibration").glob("*/calibration.json")):
+        other = json.loads(path.read_text())
+        if st.machine_gpu(other) == row["device_name"]:
+            for r in other["rows"]:
+                if "_busbw[" in r["name"] and r["value"] is not None:
+                    measured.setdefault(r["name"], []).append(float(r["value"]))
+    return {"rows": [{"name": k, "value": statistics.median(v)} for k, v in sorted(measured.items())]}
 
 
 # a median over fewer timed steps is no step time to fit or test on: the memory-peak sets (4 steps, the allocator's
