@@ -42,10 +42,9 @@ def pairs_of(variant: str, mesh, device):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from workflow_scripts.measure.calibrate import HOST_WIDTH
+    from workflow_scripts.measure.calibrate import host_pair
 
-    pair = torch.nn.Sequential(torch.nn.Linear(HOST_WIDTH, 4 * HOST_WIDTH, bias=False),
-                               torch.nn.Linear(4 * HOST_WIDTH, HOST_WIDTH, bias=False)).to(device)
+    pair = host_pair(device)
     if variant in ("tp", "fsdp_tp"):
         parallelize_module(pair, mesh["tp"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
     if variant in ("fsdp", "fsdp_tp"):

@@ -306,6 +306,15 @@ def tp_linear_row(rounds: int) -> dict:
                "fastest round")
 
 
+def host_pair(dev):
+    """The host-bound pair of linears the tensor-parallel host rows time (HOST_WIDTH -> 4 x HOST_WIDTH ->
+    HOST_WIDTH, no biases), on `dev`."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(HOST_WIDTH, 4 * HOST_WIDTH, bias=False),
+                               torch.nn.Linear(4 * HOST_WIDTH, HOST_WIDTH, bias=False)).to(dev)
+
+
 def tp_extra_us(dev, mesh, rounds: int) -> float:
     """Forward and backward of a ColwiseParallel and a RowwiseParallel linear (parallel/tensor.py's split) over
     `mesh`, less the same two as plain linears, microseconds per linear (fastest round): DTensor's dispatch and, on
@@ -313,11 +322,7 @@ def tp_extra_us(dev, mesh, rounds: int) -> float:
     import torch
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    def pair():
-        return torch.nn.Sequential(torch.nn.Linear(HOST_WIDTH, 4 * HOST_WIDTH, bias=False),
-                                   torch.nn.Linear(4 * HOST_WIDTH, HOST_WIDTH, bias=False)).to(dev)
-
-    plain, split = pair(), pair()
+    plain, split = host_pair(dev), host_pair(dev)
     parallelize_module(split, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
     x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)
 
