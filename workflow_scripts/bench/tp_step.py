@@ -5,7 +5,8 @@ linears at 1.1 ms a linear on two ranks, a third of that gap.
 
     python -m workflow_scripts.bench.tp_step --rounds 5 --layers 4 --out results/bench_harness/<set>
 
-One torchrun of two processes on one node (gloo on CPU). The model: transformers' Qwen2 at Qwen2.5-3B's widths
+One torchrun of two processes on one node (gloo on CPU; `--ranks 1`: one process, where both layouts are a one-rank
+mesh and tp2 - dp2 is the split block's DTensor dispatch alone, to set beside tp_host's lone pair at one rank). The model: transformers' Qwen2 at Qwen2.5-3B's widths
 (hidden 2,048, MLP 11,008, 16 heads, 2 KV heads) with `--layers` layers and a 1,024-token vocabulary, bf16-mixed
 FSDP2 as the fsdp strategy builds it (`fully_shard` per block and the root over the dp dimension), as
   dp2     the data-parallel layout: FSDP2 over both ranks;
@@ -105,8 +106,8 @@ def measure(layout: str, layers: int, steps: int) -> dict:
     return {"ranks": every}
 
 
-def child(layout: str, layers: int, steps: int) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+def child(layout: str, layers: int, steps: int, ranks: int = 2) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            "--local-ranks-filter=0", "-m", __spec__.name, "--child", layout, "--layers", str(layers),
            "--steps", str(steps)]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -138,6 +139,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--ranks", type=int, default=2, help="processes (GPUs) of the one torchrun; at 1 both layouts "
+                    "run on one rank and tp2 - dp2 is the split block's DTensor dispatch alone")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", choices=LAYOUTS, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -148,7 +151,7 @@ def main(argv=None):
         return
     rows = pd.DataFrame([{"round": r, "layout": layout, "rank": rank, **phases}
                          for r in range(a.rounds) for layout in rounds.order(r, LAYOUTS)
-                         for rank, phases in enumerate(child(layout, a.layers, a.steps)["ranks"])])
+                         for rank, phases in enumerate(child(layout, a.layers, a.steps, a.ranks)["ranks"])])
     rounds.write(rows, summary(rows, a.layers).to_markdown(index=False, floatfmt=".4g"), a.out, "tp_step")
 
 
