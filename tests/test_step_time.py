@@ -175,15 +175,25 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     selective = st.run_for(layout={"dp": 1}, **{**plan, "train": {"gradient_checkpointing": "selective"}})
     assert selective.selective and selective.matmuls_recomputed == 0.0
     # eager tensor parallelism: each parallel linear of a block (7 in parallel/tensor.py) through DTensor's
-    # dispatch at the calibrated cost, per micro-batch and layer of this pipeline stage; compiled blocks trace it away
+    # dispatch at the real block's share of the calibrated pair's cost, per micro-batch and layer of this pipeline
+    # stage; compiled blocks trace it away
     tp = gpt2_run(shape=deep, accum=2, layout={"dp": 1, "tp": 2, "pp": 2})
     assert st.host_seconds(tp, flat_rates(tp_linear_us=500.0)) - st.host_seconds(tp, flat_rates()) == pytest.approx(
-        2 * 7 * 2 * 500e-6)
+        2 * 7 * 2 * 500e-6 * st.TP_BLOCK_SHARE)
     # ... at the cost measured on a mesh of the run's tp ranks where the calibration has it (the nearest count)
     ranks = flat_rates(tp_linear_us=500.0, tp_linear_ranks=((2, 800.0), (8, 2000.0)))
-    assert st.host_seconds(tp, ranks) - st.host_seconds(tp, flat_rates()) == pytest.approx(2 * 7 * 2 * 800e-6)
+    assert st.host_seconds(tp, ranks) - st.host_seconds(tp, flat_rates()) == pytest.approx(
+        2 * 7 * 2 * 800e-6 * st.TP_BLOCK_SHARE)
+    # ... and the clip over two meshes once a step, a layer of the stage at the pair's share for two ranks, compiled
+    # blocks too (the clip runs outside them)
+    clipped = gpt2_run(shape=deep, accum=2, layout={"dp": 1, "tp": 2, "pp": 2}, grad_clip=True)
+    assert st.host_seconds(clipped, ranks) - st.host_seconds(tp, ranks) == pytest.approx(
+        2 * 800e-6 * st.TP_CLIP_PAIRS[2])
     compiled = gpt2_run(shape=deep, levers="blocks", layout={"dp": 1, "tp": 2})
     assert st.host_seconds(compiled, flat_rates(tp_linear_us=500.0)) == st.host_seconds(compiled, flat_rates())
+    compiled_clip = gpt2_run(shape=deep, levers="blocks", layout={"dp": 1, "tp": 2}, grad_clip=True)
+    assert st.host_seconds(compiled_clip, flat_rates(tp_linear_us=500.0)) - st.host_seconds(
+        compiled, flat_rates(tp_linear_us=500.0)) == pytest.approx(4 * 500e-6 * st.TP_CLIP_PAIRS[2])
     # eager ZeRO-3's hooks at the calibrated cost per parameter tensor (16 here) and micro-batch, in place of the
     # fitted launches; compiled leaf blocks keep theirs
     z3, z3_blocks = (gpt2_run(shape=deep, accum=2, family="deepspeed", zero_stage=3, levers=lv)

@@ -34,7 +34,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              DeepSpeed ZeRO-3's per parameter tensor (hook_ops; its eager and compiled-block hooks apart, the
              eager ones at the calibrated `zero3_tensor_us` and `zero3_module_us` per module where measured),
              again where a block's forward is recomputed from the host; eager tensor parallelism's DTensor
-             dispatch, per parallel linear of a block at the calibrated `tp_linear_us`; all of it slower by the
+             dispatch, per parallel linear of a block at TP_BLOCK_SHARE times the calibrated pair's `tp_linear_us`
+             (at the run's rank count: `tp_linear_us_ranks[n]`), and its clip over two meshes, TP_CLIP_PAIRS of
+             that pair a layer and step; all of it slower by the
              calibrated `host_beside` where several ranks share the node (launch_us measured on every rank at once,
              over one process's alone; none where the calibration has no such row);
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
@@ -92,6 +94,14 @@ ZERO3_OVERLAP = 0.1
 # matmul_bf16_unaligned row (measure/calibrate.py measures it since then).
 ALIGN = 8
 UNALIGNED_SHARE = 0.18
+# Eager tensor parallelism in a real block against the calibration's lone pair of split linears (calibrate.host_pair,
+# `tp_linear_us_ranks[n]`), at the same rank count on the same machine: a Qwen2 block's DTensor dispatch per split
+# linear (biases, the attention's reshapes of the split heads) ran 1.39 +- 0.27 pairs' (9 paired rounds: one H200 at
+# one rank 1.79; a 2 x H100 machine 1.15 at one rank, 1.24 at two), and its clip over the DTensors of two meshes,
+# beyond one mesh's, a layer and step, 1.05 +- 0.19 pairs at one rank and 1.51 +- 0.59 at two (bench/tp_block.py:
+# results/bench_harness/h200-tp-block, h100x2-tp-block; two other 2 x H200 machines, unpaired: 1.35 and 1.59).
+TP_BLOCK_SHARE = 1.39
+TP_CLIP_PAIRS = {1: 1.05, 2: 1.51}
 DDP_BUCKET = 25 * MIB  # bytes: DistributedDataParallel's default bucket_cap_mb (torch reads it in MiB)
 # DistributedDataParallel's reducer on the host, per parameter tensor and step (its autograd hook, the gradient scaled
 # into its bucket and copied back, the bucket's all-reduce call), in launches: over one rank it cost GPT-2-medium's
@@ -511,21 +521,37 @@ def replayed_forward(run: Run) -> float:
     return 0.5
 
 
+def tp_pair_us(run: Run, rates: Rates) -> float | None:
+    """The calibrated DTensor dispatch of a lone split pair, µs a linear, forward + backward: on a mesh of the run's
+    tp ranks where the calibration measured one (`tp_linear_us_ranks[n]`, the nearest n: the all-reduces the ranks wait
+    on together cost two H200 ranks 1.35x one rank's dispatch, results/bench_harness/h200x2-tp-host), else on one rank
+    (`tp_linear_us`); None where the calibration has neither."""
+    if rates.tp_linear_ranks:
+        return min(rates.tp_linear_ranks, key=lambda p: (abs(p[0] - degree(run, "tp")), -p[0]))[1]
+    return rates.tp_linear_us
+
+
 def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
     """A micro-batch's DTensor dispatch on the host: eager tensor parallelism runs each parallel linear of a block
-    (parallel/tensor.py's BLOCK_PLAN) through DTensor's Python, forward and backward, at the calibrated cost per
-    linear: on a mesh of the run's tp ranks where the calibration measured one (`tp_linear_us_ranks[n]`, the
-    nearest n: the all-reduces the ranks wait on together cost two H200 ranks 1.35x one rank's dispatch,
-    results/bench_harness/h200x2-tp-host), else on one rank (`tp_linear_us`; none where the calibration has
-    neither). Compiled blocks trace it away."""
+    (parallel/tensor.py's BLOCK_PLAN) through DTensor's Python, forward and backward, at TP_BLOCK_SHARE times the
+    calibrated lone pair's cost per linear (tp_pair_us). Compiled blocks trace it away."""
     from workflow_scripts.training.parallel.tensor import BLOCK_PLAN
 
-    tp = degree(run, "tp")
-    if tp == 1 or run.levers != "eager" or (rates.tp_linear_us is None and not rates.tp_linear_ranks):
+    pair = tp_pair_us(run, rates)
+    if degree(run, "tp") == 1 or run.levers != "eager" or pair is None:
         return 0.0
-    per_linear = (min(rates.tp_linear_ranks, key=lambda p: (abs(p[0] - tp), -p[0]))[1] if rates.tp_linear_ranks
-                  else rates.tp_linear_us)
-    return len(BLOCK_PLAN) * layers * per_linear * 1e-6
+    return len(BLOCK_PLAN) * layers * pair * TP_BLOCK_SHARE * 1e-6
+
+
+def tp_clip_seconds(run: Run, rates: Rates, layers: float) -> float:
+    """A step's clip over the DTensors of two meshes (training/grad_norm.clip_, eager whatever the levers): beyond
+    one mesh's, TP_CLIP_PAIRS (at the nearest rank count measured) of the calibrated pair's cost per layer."""
+    pair = tp_pair_us(run, rates)
+    tp = degree(run, "tp")
+    if tp == 1 or not run.grad_clip or pair is None:
+        return 0.0
+    pairs = min(TP_CLIP_PAIRS.items(), key=lambda p: (abs(p[0] - tp), -p[0]))[1]
+    return layers * pair * pairs * 1e-6
 
 
 def world(run: Run) -> int:
@@ -554,7 +580,7 @@ def host_seconds(run: Run, rates: Rates) -> float:
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     reducer = DDP_OPS_PER_TENSOR * run.tensors if run.family == "ddp" and world(run) > 1 else 0.0  # once a step
     launches = (run.accum * per_micro + optimizer + reducer) * rates.launch_us * 1e-6
-    return launches + run.accum * dtensor_seconds(run, rates, layers)
+    return launches + run.accum * dtensor_seconds(run, rates, layers) + tp_clip_seconds(run, rates, layers)
 
 
 COLLECTIVE_RATE = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "all_gather",
