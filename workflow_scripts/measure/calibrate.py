@@ -36,7 +36,9 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
                          launch_us_ranks[n], the launch cost measured on the n processes at once (their slowest):
                          n host-bound ranks of a node issue their steps together; host_beside[n], its ratio to
                          launch_us[0] alone; tp_linear_us_ranks[n], tp_linear_us over a mesh of the n ranks (the
-                         slowest rank's): the dispatch with the all-reduces of tensor parallelism at n ranks.
+                         slowest rank's): the dispatch with the all-reduces of tensor parallelism at n ranks;
+                         zero3_tensor_us_ranks[n], zero3_tensor_us of an engine over the n ranks (the slowest
+                         rank's): its hooks with the gathers and reduce-scatters the ranks wait on together.
 On CPU the GPU and collective rows are present with value None and detail "not applicable (cpu)" (CPU studies
 check a pipeline, they time nothing worth explaining; the calibration there takes about 3 s).
 """
@@ -390,7 +392,8 @@ def zero3_host_rows(rounds: int) -> list[dict]:
 
 def zero3_extra_seconds(dev, rounds: int, contained: bool) -> float:
     """Seconds a step of ZERO3_LAYERS linears (each inside ZERO3_CONTAINERS containers where `contained`) takes in a
-    one-rank DeepSpeed ZeRO-3 engine beyond plain torch's, fastest rounds of ZERO3_STEPS steps (the caller's group)."""
+    DeepSpeed ZeRO-3 engine over the caller's group (one rank, or a torchrun's ranks) beyond plain torch's, fastest
+    rounds of ZERO3_STEPS steps."""
     import deepspeed
     import torch
 
@@ -478,11 +481,14 @@ def collectives(platform: str, rounds: int) -> None:
                                  "GB/s", label)))
     launch = launch_beside(device, rounds)
     tp = tp_beside(device, rounds)
+    zero3 = zero3_beside(device, rounds)
     if dist.get_rank() == 0:
         print(json.dumps(row(f"launch_us_ranks[{n}]", launch, "us", f"launch_us on each of {n} processes at once "
                              "(their slowest, fastest round): a host-bound rank's pace beside the node's others")))
         print(json.dumps(row(f"tp_linear_us_ranks[{n}]", tp, "us", f"tp_linear_us on a mesh of the {n} ranks "
                              "(their slowest): DTensor's dispatch with the all-reduces the ranks wait on together")))
+        print(json.dumps(row(f"zero3_tensor_us_ranks[{n}]", zero3, "us", f"zero3_tensor_us of an engine over the {n} "
+                             "ranks (their slowest): ZeRO-3's hooks with the collectives the ranks wait on together")))
     dist.destroy_process_group()
 
 
@@ -494,6 +500,20 @@ def tp_beside(device, rounds: int) -> float | None:
     try:
         mine = tp_extra_us(device, init_device_mesh(device.type, (dist.get_world_size(),)), rounds)
     except (RuntimeError, ValueError):
+        mine = None
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return None if None in every else max(every)
+
+
+def zero3_beside(device, rounds: int) -> float | None:
+    """zero3_tensor_us of an engine over every rank of the group (its parameters partitioned across them), the
+    slowest rank's; None where DeepSpeed is missing or fails here."""
+    import torch.distributed as dist
+
+    try:
+        mine = 1e6 * zero3_extra_seconds(device, rounds, contained=False) / (2 * ZERO3_LAYERS)
+    except (ImportError, RuntimeError, ValueError, AssertionError):
         mine = None
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)

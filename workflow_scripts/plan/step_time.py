@@ -138,6 +138,7 @@ class Rates:
     tp_linear_ranks: tuple = ()  # ((ranks, the same on a mesh of that many ranks of one node, us), ...)
     zero3_tensor_us: float | None = None  # DeepSpeed ZeRO-3's host time per parameter tensor and step, beyond torch's
     zero3_module_us: float | None = None  # and what each module adds to it (its hooks)
+    zero3_tensor_ranks: tuple = ()  # ((ranks, zero3_tensor_us of an engine over that many ranks of one node), ...)
     matmul_unaligned: float | None = None  # TFLOP/s of calibrate.UNALIGNED's three matmuls (an odd output width)
     host_beside: tuple = ()  # ((ranks, the host's slowdown with that many ranks on the node), ...)
     memory_block: dict = field(default_factory=dict)  # "<block>,<levers>" -> GB/s of its memory-bound kernels
@@ -168,6 +169,8 @@ class Rates:
         blocks = {k[len("memory_block["):-1]: v for k, v in rows.items() if k.startswith("memory_block[")}
         tp_ranks = tuple(sorted((int(k[len("tp_linear_us_ranks["):-1]), v) for k, v in rows.items()
                                 if k.startswith("tp_linear_us_ranks[")))
+        zero3_ranks = tuple(sorted((int(k[len("zero3_tensor_us_ranks["):-1]), v) for k, v in rows.items()
+                                   if k.startswith("zero3_tensor_us_ranks[")))
         for name, value in rows.items():
             if m := BUSBW.fullmatch(name):
                 busbw.setdefault((m[1], int(m[2])), []).append((float(m[3]) * MB, value))
@@ -179,7 +182,8 @@ class Rates:
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
                    tp_linear_us=rows.get("tp_linear_us"), tp_linear_ranks=tp_ranks, zero3_tensor_us=rows.get("zero3_tensor_us"),
-                   zero3_module_us=rows.get("zero3_module_us"), matmul_unaligned=rows.get("matmul_bf16_unaligned"),
+                   zero3_module_us=rows.get("zero3_module_us"), zero3_tensor_ranks=zero3_ranks,
+                   matmul_unaligned=rows.get("matmul_bf16_unaligned"),
                    host_beside=beside, memory_block=blocks,
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
                                None))
@@ -193,8 +197,8 @@ def machine_gpu(calibration: dict) -> str | None:
 
 def host_row(name: str) -> bool:
     """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch at
-    one rank and at n, ZeRO-3's per-tensor and per-module work)."""
-    return (name.startswith(("launch_us[", "tp_linear_us_ranks["))
+    one rank and at n, ZeRO-3's per-tensor work at one rank and at n and its per-module work)."""
+    return (name.startswith(("launch_us[", "tp_linear_us_ranks[", "zero3_tensor_us_ranks["))
             or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us"))
 
 
@@ -506,9 +510,28 @@ def hook_ops(run: Run, layers: float, rates: Rates) -> float:
     if key == "zero3" and rates.zero3_tensor_us is not None:
         extra_modules = max(0.0, run.modules - run.tensors * ZERO3_STACK_MODULES_PER_TENSOR)
         # a module costs nothing less than nothing (a noisy calibration can measure the difference below zero)
-        us = rates.zero3_tensor_us * run.tensors + max(0.0, rates.zero3_module_us or 0.0) * extra_modules
+        us = zero3_tensor_us(run, rates) * run.tensors + max(0.0, rates.zero3_module_us or 0.0) * extra_modules
         return us / rates.launch_us / degree(run, "pp")
-    return HOOK_OPS[key] * run.tensors / degree(run, "pp")
+    return HOOK_OPS[key] * run.tensors / degree(run, "pp") * zero3_ranks_share(run, rates)
+
+
+def zero3_tensor_us(run: Run, rates: Rates) -> float:
+    """ZeRO-3's calibrated host time per parameter tensor: of an engine over the run's data-parallel ranks where the
+    calibration measured one at that count (`zero3_tensor_us_ranks[n]`, the nearest n: its gathers and
+    reduce-scatters the ranks wait on together), else of a one-rank engine (`zero3_tensor_us`)."""
+    ranks = degree(run, "dp") * degree(run, "cp")
+    if ranks > 1 and rates.zero3_tensor_ranks:
+        return min(rates.zero3_tensor_ranks, key=lambda p: (abs(p[0] - ranks), -p[0]))[1]
+    return rates.zero3_tensor_us
+
+
+def zero3_ranks_share(run: Run, rates: Rates) -> float:
+    """How much more ZeRO-3's hooks cost the host over the run's ranks than on one (zero3_tensor_us over the
+    one-rank measure; 1 where either is missing): the compiled leaf blocks' fitted hooks (fitted at one rank) scaled
+    by it."""
+    if not rates.zero3_tensor_us or not rates.zero3_tensor_ranks:
+        return 1.0
+    return max(1.0, zero3_tensor_us(run, rates) / rates.zero3_tensor_us)
 
 
 def replayed_forward(run: Run) -> float:
