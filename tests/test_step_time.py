@@ -210,6 +210,18 @@ def test_host_term_is_launches_at_the_calibrated_cost():
         2 * (30 - 16 * 49 / 96) * 300e-6)
     noisy = flat_rates(zero3_tensor_us=800.0, zero3_module_us=-20.0)  # a difference measured below zero: no cost
     assert st.host_seconds(z3m, noisy) == st.host_seconds(z3m, calibrated)
+    # over several data-parallel ranks, at the engine's cost over the nearest rank count calibrated (eager), the
+    # compiled leaf blocks' fitted hooks scaled by its ratio to the one-rank cost; one rank keeps the one-rank cost
+    ranked = flat_rates(zero3_tensor_us=800.0, zero3_tensor_ranks=((2, 1200.0), (8, 4000.0)))
+    z3_dp2, z3_blocks_dp2 = (gpt2_run(shape=deep, accum=2, family="deepspeed", zero_stage=3, levers=lv,
+                                      layout={"dp": 2}) for lv in ("eager", "blocks"))
+    assert st.host_seconds(z3_dp2, ranked) - st.host_seconds(z3_dp2, calibrated) == pytest.approx(2 * 16 * 400e-6)
+    assert st.host_seconds(z3, ranked) == st.host_seconds(z3, calibrated)
+    assert st.host_seconds(z3_blocks_dp2, ranked) - st.host_seconds(z3_blocks_dp2, calibrated) == pytest.approx(
+        2 * 16 * st.HOOK_OPS["zero3_blocks"] * 0.5 * 10e-6)
+    # the rank counts' rows as calibrate writes them (a committed two-rank calibration)
+    two = st.Rates.load(Path(__file__).parents[1] / "results/calibration/h200x2-zero3/calibration.json")
+    assert [n for n, _ in two.zero3_tensor_ranks] == [2] and [n for n, _ in two.tp_linear_ranks] == [2]
 
 
 def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():
