@@ -283,6 +283,11 @@ def load_rates(path, results: Path = RESULTS) -> Rates:
 
 
 @lru_cache(maxsize=65536)
+def at_ranks(points: tuple, ranks: int) -> float:
+    """The value of ((rank count, value), ...) measured at the rank count nearest `ranks` (the larger of two as near)."""
+    return min(points, key=lambda p: (abs(p[0] - ranks), -p[0]))[1]
+
+
 def interpolate(points: tuple, at: tuple) -> float:
     """The value at `at` of a grid of points (coordinates..., value), linear in the logs of coordinates and value
     along each axis in turn (clamped at the grid's edges)."""
@@ -521,7 +526,7 @@ def zero3_tensor_us(run: Run, rates: Rates) -> float:
     reduce-scatters the ranks wait on together), else of a one-rank engine (`zero3_tensor_us`)."""
     ranks = degree(run, "dp") * degree(run, "cp")
     if ranks > 1 and rates.zero3_tensor_ranks:
-        return min(rates.zero3_tensor_ranks, key=lambda p: (abs(p[0] - ranks), -p[0]))[1]
+        return at_ranks(rates.zero3_tensor_ranks, ranks)
     return rates.zero3_tensor_us
 
 
@@ -550,7 +555,7 @@ def tp_pair_us(run: Run, rates: Rates) -> float | None:
     on together cost two H200 ranks 1.35x one rank's dispatch, results/bench_harness/h200x2-tp-host), else on one rank
     (`tp_linear_us`); None where the calibration has neither."""
     if rates.tp_linear_ranks:
-        return min(rates.tp_linear_ranks, key=lambda p: (abs(p[0] - degree(run, "tp")), -p[0]))[1]
+        return at_ranks(rates.tp_linear_ranks, degree(run, "tp"))
     return rates.tp_linear_us
 
 
@@ -573,7 +578,7 @@ def tp_clip_seconds(run: Run, rates: Rates, layers: float) -> float:
     tp = degree(run, "tp")
     if tp == 1 or not run.grad_clip or pair is None:
         return 0.0
-    pairs = min(TP_CLIP_PAIRS.items(), key=lambda p: (abs(p[0] - tp), -p[0]))[1]
+    pairs = at_ranks(tuple(TP_CLIP_PAIRS.items()), tp)
     return layers * pair * pairs * 1e-6
 
 
@@ -591,8 +596,7 @@ def beside(rates: Rates, ranks: int) -> float:
     nearest rank count it measured (1 for one rank, and where it measured none; never below 1)."""
     if ranks <= 1 or not rates.host_beside:
         return 1.0
-    _, slowdown = min(rates.host_beside, key=lambda p: (abs(p[0] - ranks), -p[0]))
-    return max(1.0, slowdown)
+    return max(1.0, at_ranks(rates.host_beside, ranks))
 
 
 def host_seconds(run: Run, rates: Rates) -> float:
