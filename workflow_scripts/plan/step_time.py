@@ -282,12 +282,12 @@ def load_rates(path, results: Path = RESULTS) -> Rates:
     return Rates.load(path, lambda calibration: with_kind_medians(calibration, Path(results)))
 
 
-@lru_cache(maxsize=65536)
 def at_ranks(points: tuple, ranks: int) -> float:
     """The value of ((rank count, value), ...) measured at the rank count nearest `ranks` (the larger of two as near)."""
     return min(points, key=lambda p: (abs(p[0] - ranks), -p[0]))[1]
 
 
+@lru_cache(maxsize=65536)
 def interpolate(points: tuple, at: tuple) -> float:
     """The value at `at` of a grid of points (coordinates..., value), linear in the logs of coordinates and value
     along each axis in turn (clamped at the grid's edges)."""
