@@ -382,12 +382,17 @@ def zero3_host_rows(rounds: int) -> list[dict]:
     except (ImportError, RuntimeError, ValueError, AssertionError) as exc:  # the rest of the calibration stands
         why = f"failed: {str(exc).strip().splitlines()[-1:]}"
         return [row("zero3_tensor_us", None, "us", why), row("zero3_module_us", None, "us", why)]
-    return [row("zero3_tensor_us", 1e6 * bare / (2 * ZERO3_LAYERS), "us",
+    return [row("zero3_tensor_us", per_tensor_us(bare), "us",
                 "DeepSpeed ZeRO-3 forward + backward + step less plain torch's, per parameter tensor and step of a "
                 "bare stack of linears; one-rank engine, fastest round"),
             row("zero3_module_us", 1e6 * (contained - bare) / (ZERO3_LAYERS * ZERO3_CONTAINERS), "us",
                 f"what {ZERO3_CONTAINERS} parameterless containers nested around each linear add to it, per module "
                 "and step")]
+
+
+def per_tensor_us(seconds: float) -> float:
+    """A step of the bare ZeRO-3 stack's extra seconds per parameter tensor (a weight and a bias a linear), µs."""
+    return 1e6 * seconds / (2 * ZERO3_LAYERS)
 
 
 def zero3_extra_seconds(dev, rounds: int, contained: bool) -> float:
@@ -501,23 +506,17 @@ def tp_beside(device, rounds: int) -> float | None:
         mine = tp_extra_us(device, init_device_mesh(device.type, (dist.get_world_size(),)), rounds)
     except (RuntimeError, ValueError):
         mine = None
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return None if None in every else max(every)
+    return slowest(mine)
 
 
 def zero3_beside(device, rounds: int) -> float | None:
     """zero3_tensor_us of an engine over every rank of the group (its parameters partitioned across them), the
     slowest rank's; None where DeepSpeed is missing or fails here."""
-    import torch.distributed as dist
-
     try:
-        mine = 1e6 * zero3_extra_seconds(device, rounds, contained=False) / (2 * ZERO3_LAYERS)
+        mine = per_tensor_us(zero3_extra_seconds(device, rounds, contained=False))
     except (ImportError, RuntimeError, ValueError, AssertionError):
         mine = None
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return None if None in every else max(every)
+    return slowest(mine)
 
 
 def launch_beside(device, rounds: int) -> float:
@@ -534,10 +533,16 @@ def launch_beside(device, rounds: int) -> float:
             torch.cuda.synchronize(device)
 
     dist.barrier()
-    mine = 1e6 * timed(launches, rounds, best=True) / LAUNCHES
+    return slowest(1e6 * timed(launches, rounds, best=True) / LAUNCHES)
+
+
+def slowest(mine: float | None) -> float | None:
+    """The largest of every rank's measure of the group (the slowest rank's); None where any rank has none."""
+    import torch.distributed as dist
+
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    return max(every)
+    return None if None in every else max(every)
 
 
 def calibrate(platform: str, world_sizes: list[int], work_dir: Path, rounds: int) -> dict:
