@@ -92,6 +92,11 @@ def encode_all(docs: list, tokenizer_dir: str, threads: int, chunk: int = 64, ch
     return stream
 
 
+def token_dtype(vocab: int, chat: bool = False):
+    """How the token blocks are stored: uint16 where every id fits (and no -100 response mask: chat), else int32."""
+    return np.int32 if chat or vocab > np.iinfo(np.uint16).max else np.uint16
+
+
 def pack(stream: list[int], block_size: int, dtype) -> np.ndarray:
     n = len(stream) // block_size
     return np.asarray(stream[: n * block_size], dtype=dtype).reshape(n, block_size)
@@ -104,7 +109,7 @@ def tokenize(corpus_jsonl: str, tokenizer_dir: str, block_size: int, val_fractio
     vocab = len(AutoTokenizer.from_pretrained(tokenizer_dir))
     records = list(read_records(corpus_jsonl))
     chat = bool(records) and "messages" in records[0]
-    dtype = np.int32 if chat or vocab > np.iinfo(np.uint16).max else np.uint16
+    dtype = token_dtype(vocab, chat)
     docs = [r["messages"] if chat else r["text"] for r in records]
     train_texts, val_texts = split_documents(docs, val_fraction)
     train = pack(encode_all(train_texts, tokenizer_dir, threads, chat=chat), block_size, dtype)

@@ -42,6 +42,21 @@ def sample_bytes(model: str, seq_len: int) -> float:
     return 8.0 * seq_len + (10.0 * (seq_len - 1) if MODELS[model].family == "vit" else 0.0)
 
 
+def host_copy_bytes(model: str, seq_len: int, vocab: int) -> float:
+    """Bytes the host copies to hand one sample to the device (training/batches.Batches.micro_batches), in the units
+    of calibrate's host_memcpy (a copy of n bytes reads n and writes n): its stored row gathered from the
+    memory-mapped blocks (uint8 pixels, or the token ids' stored width s: data.tokenize), widened to int64 (s read,
+    8 written: (s + 8) / 2) and copied into pinned memory (8): s + (s + 8) / 2 + 8 a value. An image row of 150,529
+    values is 2.0 MB (a ViT-Base micro-batch of 64: 130 MB, 19 ms at a host's 6.9 GB/s; one H100 host readied it in
+    27 ms, 0.9x what its own copy predicted: results/bench_harness/h100-input-copy), a block of 1,024 tokens 15 kB."""
+    import numpy as np
+
+    from workflow_scripts.data.tokenize import token_dtype
+
+    stored = 1 if MODELS[model].family == "vit" else np.dtype(token_dtype(vocab)).itemsize
+    return seq_len * (stored + (stored + 8) / 2 + 8)
+
+
 @lru_cache(maxsize=64)
 def meta_model(model: str, overrides_json: str, vocab: int, seq_len: int, lora_json: str = "null"):
     """The run's model built on the meta device (no memory, seconds), with its LoRA adapters."""
@@ -83,11 +98,25 @@ def count_modules(model: str, overrides_json: str, vocab: int, seq_len: int, lor
 def kernel_ratio(model: str, overrides_json: str) -> float:
     """The kernels one layer of the run's model issues against a dense layer of its family (plan.traced: 1 for a
     dense family, 1.52 for Qwen2-MoE)."""
+    from workflow_scripts.plan.traced import REFERENCE_MODEL, layer_work
+
+    return layer_work(model, overrides_json).kernels / layer_work(REFERENCE_MODEL[MODELS[model].family]).kernels
+
+
+@lru_cache(maxsize=64)
+def memory_ratio(model: str, overrides_json: str) -> float:
+    """The bytes one layer of the run's model moves outside its matmuls in eager mode, per token and (d + f) (f: the
+    MLP width a token passes through), against the layer the eager memory constant was fitted on (MEMORY_REFERENCE)."""
     import json
 
-    from workflow_scripts.plan.traced import REFERENCE_MODEL, layer_kernels
+    from workflow_scripts.plan.step_time import MEMORY_REFERENCE
+    from workflow_scripts.plan.traced import layer_work
 
-    return layer_kernels(model, json.loads(overrides_json)) / layer_kernels(REFERENCE_MODEL[MODELS[model].family])
+    def per_width(name: str, overrides: dict) -> float:
+        s = shape(name, overrides, 0, 0)
+        return layer_work(name, json.dumps(overrides, sort_keys=True)).memory_bytes / (s.d + s.active_ffn)
+
+    return per_width(model, json.loads(overrides_json)) / per_width(MEMORY_REFERENCE, {})
 
 
 @lru_cache(maxsize=64)

@@ -15,7 +15,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              backward;
   memory     what the kernels outside the matmuls read and write (norms, activations, residuals, dropout, rotary,
              the loss's logits): MEMORY_BYTES[levers] x (d + f) bytes per token and layer (f: the MLP width a token
-             passes through, a MoE layer's shared and top-k routed experts together), LOSS_BYTES[levers] x V
+             passes through, a MoE layer's shared and top-k routed experts together; an eager layer's scaled by
+             what its kernels move against the fitted layer's, counted on the real layer: plan.traced.layer_work,
+             0.26 for ViT's one-kernel GELU against GPT-2's eight), LOSS_BYTES[levers] x V
              per token for the loss, at the fitted machine's device copy bandwidth times how much faster this
              machine runs a block's norm, rotary, activation and residual kernels (`memory_block`, eager or
              compiled: memory_rate; where a calibration has no such row, at its own copy bandwidth, `hbm_copy`);
@@ -36,7 +38,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              again where a block's forward is recomputed from the host; eager tensor parallelism's DTensor
              dispatch, per parallel linear of a block at TP_BLOCK_SHARE times the calibrated pair's `tp_linear_us`
              (at the run's rank count: `tp_linear_us_ranks[n]`), and its clip over two meshes, TP_CLIP_PAIRS of
-             that pair a layer and step; all of it slower by the
+             that pair a layer and step; each micro-batch's samples readied on the host (gathered from the
+             memory-mapped rows, widened to int64, pinned: plan.predict.host_copy_bytes) at the calibrated
+             `host_memcpy` (an image micro-batch's 10-40 ms; a token block's nothing); all of it slower by the
              calibrated `host_beside` where several ranks share the node (launch_us measured on every rank at once,
              over one process's alone; none where the calibration has no such row);
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
@@ -79,6 +83,9 @@ _FIT = _FIT_RECORD["constants"]
 MEMORY_BYTES, LOSS_BYTES, HOST_OPS = _FIT["MEMORY_BYTES"], _FIT["LOSS_BYTES"], _FIT["HOST_OPS"]
 FIXED_OPS, DS_OPS_PER_TENSOR, HOOK_OPS, OVERLAP = (_FIT["FIXED_OPS"], _FIT["DS_OPS_PER_TENSOR"], _FIT["HOOK_OPS"],
                                                    _FIT["OVERLAP"])
+# the layer MEMORY_BYTES["eager"] holds for as fitted: the fitted rows' one memory-bound eager row's (the others are
+# host-bound); another layer's eager bytes are scaled by what its kernels move against this one's (run.memory_ratio)
+MEMORY_REFERENCE = "gpt2-medium"
 ADAMW_BYTES = 28  # per parameter: fp32 parameter, gradient, exp_avg, exp_avg_sq read; parameter and moments written
 # and where the gradients are clipped: their norm reads each fp32 gradient, the scaling reads and writes it (the
 # committed traces' optimizer kernels ran 1.4-1.65x the 28 bytes: results/step_time/traced_parts.md)
@@ -134,6 +141,7 @@ class Rates:
     h2d: float | None = None
     d2h: float | None = None
     cpu_adam_ms: float | None = None  # AdamW step over 10 M fp32 parameters on the host
+    host_memcpy: float | None = None  # GB/s of a numpy copy on the host
     tp_linear_us: float | None = None  # a tensor-parallel linear's DTensor dispatch, forward + backward, on the host
     tp_linear_ranks: tuple = ()  # ((ranks, the same on a mesh of that many ranks of one node, us), ...)
     zero3_tensor_us: float | None = None  # DeepSpeed ZeRO-3's host time per parameter tensor and step, beyond torch's
@@ -181,6 +189,7 @@ class Rates:
                    hbm=first("hbm_copy["), launch_us=first("launch_us["),
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
+                   host_memcpy=rows.get("host_memcpy"),
                    tp_linear_us=rows.get("tp_linear_us"), tp_linear_ranks=tp_ranks, zero3_tensor_us=rows.get("zero3_tensor_us"),
                    zero3_module_us=rows.get("zero3_module_us"), zero3_tensor_ranks=zero3_ranks,
                    matmul_unaligned=rows.get("matmul_bf16_unaligned"),
@@ -197,9 +206,9 @@ def machine_gpu(calibration: dict) -> str | None:
 
 def host_row(name: str) -> bool:
     """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch at
-    one rank and at n, ZeRO-3's per-tensor work at one rank and at n and its per-module work)."""
+    one rank and at n, ZeRO-3's per-tensor work at one rank and at n and its per-module work, the host's copies)."""
     return (name.startswith(("launch_us[", "tp_linear_us_ranks[", "zero3_tensor_us_ranks["))
-            or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us"))
+            or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us", "host_memcpy"))
 
 
 def kind_row(name: str) -> bool:
@@ -334,6 +343,8 @@ class Run:
     tensors: int  # parameter tensors (DeepSpeed's optimizer launches per tensor)
     modules: int = 0  # modules, with parameters or without (DeepSpeed ZeRO-3 hooks each)
     kernel_ratio: float = 1.0  # a layer's kernels against a dense layer of its family's (plan.predict.kernel_ratio)
+    memory_ratio: float = 1.0  # a layer's eager bytes outside its matmuls against the fitted one's (plan.predict)
+    host_copy_bytes: float = 0.0  # per sample: what the host copies to hand it to the device (plan.predict)
     grad_clip: bool = False  # the gradients clipped to a norm (train.grad_clip > 0): the norm and the scaling
     offload_optimizer: bool = False
     precision: str = "bf16-mixed"
@@ -451,7 +462,10 @@ def memory_rate(run: Run, rates: Rates) -> float:
 
 def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
     s = run.shape
-    layer = MEMORY_BYTES["eager" if run.levers == "eager" else "blocks" if run.levers == "blocks" else "model"]
+    # eager modules move what their kernels read and write (the layer's own, counted: run.memory_ratio); a compiled
+    # block's fused kernels move about its inputs and outputs, whatever the modules
+    layer = MEMORY_BYTES["eager"] * run.memory_ratio if run.levers == "eager" else \
+        MEMORY_BYTES["blocks" if run.levers == "blocks" else "model"]
     per_token = layer * (s.d + s.active_ffn) / degree(run, "tp") * s.n_layer / degree(run, "pp")
     if run.checkpointing:
         per_token *= 1.5
@@ -607,7 +621,14 @@ def host_seconds(run: Run, rates: Rates) -> float:
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     reducer = DDP_OPS_PER_TENSOR * run.tensors if run.family == "ddp" and world(run) > 1 else 0.0  # once a step
     launches = (run.accum * per_micro + optimizer + reducer) * rates.launch_us * 1e-6
-    return launches + run.accum * dtensor_seconds(run, rates, layers) + tp_clip_seconds(run, rates, layers)
+    return (launches + run.accum * (dtensor_seconds(run, rates, layers) + input_seconds(run, rates))
+            + tp_clip_seconds(run, rates, layers))
+
+
+def input_seconds(run: Run, rates: Rates) -> float:
+    """A micro-batch's samples made ready on the host (gathered, widened, pinned: run.host_copy_bytes a sample) at
+    the calibrated `host_memcpy`; none where the calibration has no such row."""
+    return run.micro_batch * run.host_copy_bytes / (rates.host_memcpy * GB) if rates.host_memcpy else 0.0
 
 
 COLLECTIVE_RATE = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "all_gather",
@@ -733,7 +754,8 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     import json
 
     from workflow_scripts.plan.predict import (count_modules, count_params, count_tensors, engine_choices,
-                                               kernel_ratio, recorded_wrap_blocks, shape, tokens_per_sample)
+                                               host_copy_bytes, kernel_ratio, memory_ratio, recorded_wrap_blocks, shape,
+                                               tokens_per_sample)
     from workflow_scripts.training import recompute
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS
@@ -761,6 +783,8 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                matmuls_recomputed=recompute.MATMULS_RECOMPUTED.get(recomputes, 1.0),
                trainable=int(trainable),
                tensors=count_tensors(*built), modules=count_modules(*built), kernel_ratio=kernel_ratio(*built[:2]),
+               memory_ratio=memory_ratio(*built[:2]),
+               host_copy_bytes=host_copy_bytes(model, seq_len, vocab),
                offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
                deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
