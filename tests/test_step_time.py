@@ -97,13 +97,6 @@ def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth(monkeypatch)
                    experts=8, top_k=2, expert_ffn=32, shared_ffn=128)
     moved = 32 * (st.MEMORY_BYTES["eager"] * (64 + 128 + 2 * 32) + st.LOSS_BYTES["eager"] * 1000)
     assert st.memory_seconds(gpt2_run(shape=moe), flat_rates(), 32) == pytest.approx(moved / 1000e9)
-    # an eager layer whose kernels move a quarter of the fitted layer's bytes (a one-kernel GELU): a quarter of its
-    # bytes; compiled blocks fuse them whatever the modules
-    loss = 32 * st.LOSS_BYTES["eager"] * 1000 / 1000e9
-    quarter = st.memory_seconds(gpt2_run(memory_ratio=0.25), flat_rates(), 32) - loss
-    assert quarter == pytest.approx(32 * st.MEMORY_BYTES["eager"] * 320 / 4 / 1000e9)
-    assert st.memory_seconds(gpt2_run(levers="blocks", memory_ratio=0.25), flat_rates(), 32) == \
-        st.memory_seconds(gpt2_run(levers="blocks"), flat_rates(), 32)
     # FSDP2 under a bf16 param_dtype casts and copies every parameter it gathers, each micro-batch: with ep 2 a MoE's
     # routed experts (3 x 8 x 64 x 32 = 49,152 here) are gathered by half; under fp32 parameters nothing is counted
     fsdp = {"shape": moe, "family": "fsdp", "strategy": "fsdp", "zero_stage": 3}
@@ -147,13 +140,13 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     # another layer family: its launches in proportion to the kernels its layer issues
     assert st.host_seconds(gpt2_run(accum=2, kernel_ratio=3.0), flat_rates()) == pytest.approx(
         (2 * (st.HOST_OPS["eager"] * 3.0 + st.FIXED_OPS) + 10) * 10e-6)
-    # the host readies each sample (gathered, widened to int64, pinned) at its copy bandwidth, every micro-batch: a
-    # 3 x 224 x 224 image row and its label, uint8, 17 bytes a value (1 + 8 + 8); a uint16 token 18
-    assert pm.host_copy_bytes("vit-tiny", 150_529, 10) == 150_529 * 17
-    assert pm.host_copy_bytes("gpt2-tiny", 64, 256) == 64 * 18
-    images = gpt2_run(accum=2, micro_batch=4, host_copy_bytes=150_529 * 17)
+    # the host readies each sample at its copy bandwidth, every micro-batch: a 3 x 224 x 224 image row and its label,
+    # uint8, gathered (1 byte a value), widened to int64 (1 read, 8 written: 4.5 copied) and pinned (8); a uint16 token
+    assert pm.host_copy_bytes("vit-tiny", 150_529, 10) == 150_529 * 13.5
+    assert pm.host_copy_bytes("gpt2-tiny", 64, 256) == 64 * 15
+    images = gpt2_run(accum=2, micro_batch=4, host_copy_bytes=150_529 * 13.5)
     assert st.host_seconds(images, flat_rates(host_memcpy=5.0)) - st.host_seconds(images, flat_rates()) == \
-        pytest.approx(2 * 4 * 150_529 * 17 / 5e9)
+        pytest.approx(2 * 4 * 150_529 * 13.5 / 5e9)
     zero2 = gpt2_run(family="deepspeed", zero_stage=2)  # DeepSpeed's optimizer: launches per parameter tensor
     ops = st.HOST_OPS["eager"] + st.FIXED_OPS + st.DS_OPS_PER_TENSOR * 16
     assert st.host_seconds(zero2, flat_rates()) == pytest.approx(ops * 10e-6)
@@ -541,10 +534,3 @@ def test_a_layers_kernels_are_counted_on_the_real_layer():
     # a MoE layer against a dense layer of its family; every dense family against itself
     assert kernel_ratio("qwen2-moe-tiny", '{"num_hidden_layers": 1}') == pytest.approx(moe / qwen)
     assert kernel_ratio("gpt2-tiny", "{}") == kernel_ratio("qwen2-tiny", "{}") == 1.0
-    # the bytes outside the matmuls, per token and (d + f), do not depend on the width; ViT's GELU is one kernel where
-    # GPT-2's gelu_new is eight: a quarter of GPT-2's bytes (the memory constant's layer: MEMORY_REFERENCE)
-    from workflow_scripts.plan.predict import memory_ratio
-
-    assert memory_ratio(st.MEMORY_REFERENCE, "{}") == 1.0
-    assert memory_ratio("gpt2-tiny", "{}") == pytest.approx(memory_ratio("gpt2-large", "{}"), rel=1e-3)
-    assert 0.2 < memory_ratio("vit-tiny", "{}") < 0.35 < 0.8 < memory_ratio("qwen2-tiny", "{}")

@@ -27,10 +27,6 @@ CALIBRATION = REPO / "results/calibration/h100/calibration.json"
 LLAMA_8B = mm.Shape("llama", n_params=8_030_261_248, n_layer=32, d=4096, ffn=14336, kv=1024, head_dim=128,
                     vocab=128256, tied=False)
 SEQ, LOCAL_BATCH = 8192, 2
-# its decoder layer traced as a Qwen2 layer of its widths (its q/k/v biases the one difference), as
-# results/bench_harness/h100-llama8b-shape runs it: what its eager kernels move outside the matmuls
-AS_QWEN2 = ("qwen2.5-3b", {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-                           "num_key_value_heads": 8})
 # (GPUs, levers, published tokens/s per GPU)
 PUBLISHED = [(8, "eager", 5762), (8, "blocks", 6667), (128, "eager", 5605), (128, "blocks", 6514)]
 FABRIC = Fabric(gpus_per_node=8, intra_node_busbw_gbs=360.0, inter_node_gbs=45.0, intra_node_latency_us=5.0,
@@ -38,16 +34,10 @@ FABRIC = Fabric(gpus_per_node=8, intra_node_busbw_gbs=360.0, inter_node_gbs=45.0
 
 
 def run(gpus: int, levers: str) -> st.Run:
-    import json
-
-    from workflow_scripts.plan.predict import memory_ratio
-
-    model, overrides = AS_QWEN2
     return st.Run(shape=LLAMA_8B, family="fsdp", zero_stage=3, strategy="fsdp", micro_batch=LOCAL_BATCH, accum=1,
                   tokens=SEQ, layout={"dp": gpus}, levers=levers, compile_loss=False, checkpointing=True,
                   selective=True, matmuls_recomputed=0.5, trainable=LLAMA_8B.n_params,
-                  tensors=9 * LLAMA_8B.n_layer + 3,
-                  memory_ratio=memory_ratio(model, json.dumps(overrides, sort_keys=True)))
+                  tensors=9 * LLAMA_8B.n_layer + 3)
 
 
 def flops_per_token() -> float:

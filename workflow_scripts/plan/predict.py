@@ -98,25 +98,11 @@ def count_modules(model: str, overrides_json: str, vocab: int, seq_len: int, lor
 def kernel_ratio(model: str, overrides_json: str) -> float:
     """The kernels one layer of the run's model issues against a dense layer of its family (plan.traced: 1 for a
     dense family, 1.52 for Qwen2-MoE)."""
-    from workflow_scripts.plan.traced import REFERENCE_MODEL, layer_work
-
-    return layer_work(model, overrides_json).kernels / layer_work(REFERENCE_MODEL[MODELS[model].family]).kernels
-
-
-@lru_cache(maxsize=64)
-def memory_ratio(model: str, overrides_json: str) -> float:
-    """The bytes one layer of the run's model moves outside its matmuls in eager mode, per token and (d + f) (f: the
-    MLP width a token passes through), against the layer the eager memory constant was fitted on (MEMORY_REFERENCE)."""
     import json
 
-    from workflow_scripts.plan.step_time import MEMORY_REFERENCE
-    from workflow_scripts.plan.traced import layer_work
+    from workflow_scripts.plan.traced import REFERENCE_MODEL, layer_kernels
 
-    def per_width(name: str, overrides: dict) -> float:
-        s = shape(name, overrides, 0, 0)
-        return layer_work(name, json.dumps(overrides, sort_keys=True)).memory_bytes / (s.d + s.active_ffn)
-
-    return per_width(model, json.loads(overrides_json)) / per_width(MEMORY_REFERENCE, {})
+    return layer_kernels(model, json.loads(overrides_json)) / layer_kernels(REFERENCE_MODEL[MODELS[model].family])
 
 
 @lru_cache(maxsize=64)

@@ -15,9 +15,7 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
              backward;
   memory     what the kernels outside the matmuls read and write (norms, activations, residuals, dropout, rotary,
              the loss's logits): MEMORY_BYTES[levers] x (d + f) bytes per token and layer (f: the MLP width a token
-             passes through, a MoE layer's shared and top-k routed experts together; an eager layer's scaled by
-             what its kernels move against the fitted layer's, counted on the real layer: plan.traced.layer_work,
-             0.26 for ViT's one-kernel GELU against GPT-2's eight), LOSS_BYTES[levers] x V
+             passes through, a MoE layer's shared and top-k routed experts together), LOSS_BYTES[levers] x V
              per token for the loss, at the fitted machine's device copy bandwidth times how much faster this
              machine runs a block's norm, rotary, activation and residual kernels (`memory_block`, eager or
              compiled: memory_rate; where a calibration has no such row, at its own copy bandwidth, `hbm_copy`);
@@ -83,9 +81,6 @@ _FIT = _FIT_RECORD["constants"]
 MEMORY_BYTES, LOSS_BYTES, HOST_OPS = _FIT["MEMORY_BYTES"], _FIT["LOSS_BYTES"], _FIT["HOST_OPS"]
 FIXED_OPS, DS_OPS_PER_TENSOR, HOOK_OPS, OVERLAP = (_FIT["FIXED_OPS"], _FIT["DS_OPS_PER_TENSOR"], _FIT["HOOK_OPS"],
                                                    _FIT["OVERLAP"])
-# the layer MEMORY_BYTES["eager"] holds for as fitted: the fitted rows' one memory-bound eager row's (the others are
-# host-bound); another layer's eager bytes are scaled by what its kernels move against this one's (run.memory_ratio)
-MEMORY_REFERENCE = "gpt2-medium"
 ADAMW_BYTES = 28  # per parameter: fp32 parameter, gradient, exp_avg, exp_avg_sq read; parameter and moments written
 # and where the gradients are clipped: their norm reads each fp32 gradient, the scaling reads and writes it (the
 # committed traces' optimizer kernels ran 1.4-1.65x the 28 bytes: results/step_time/traced_parts.md)
@@ -343,7 +338,6 @@ class Run:
     tensors: int  # parameter tensors (DeepSpeed's optimizer launches per tensor)
     modules: int = 0  # modules, with parameters or without (DeepSpeed ZeRO-3 hooks each)
     kernel_ratio: float = 1.0  # a layer's kernels against a dense layer of its family's (plan.predict.kernel_ratio)
-    memory_ratio: float = 1.0  # a layer's eager bytes outside its matmuls against the fitted one's (plan.predict)
     host_copy_bytes: float = 0.0  # per sample: what the host copies to hand it to the device (plan.predict)
     grad_clip: bool = False  # the gradients clipped to a norm (train.grad_clip > 0): the norm and the scaling
     offload_optimizer: bool = False
@@ -462,10 +456,7 @@ def memory_rate(run: Run, rates: Rates) -> float:
 
 def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
     s = run.shape
-    # eager modules move what their kernels read and write (the layer's own, counted: run.memory_ratio); a compiled
-    # block's fused kernels move about its inputs and outputs, whatever the modules
-    layer = MEMORY_BYTES["eager"] * run.memory_ratio if run.levers == "eager" else \
-        MEMORY_BYTES["blocks" if run.levers == "blocks" else "model"]
+    layer = MEMORY_BYTES["eager" if run.levers == "eager" else "blocks" if run.levers == "blocks" else "model"]
     per_token = layer * (s.d + s.active_ffn) / degree(run, "tp") * s.n_layer / degree(run, "pp")
     if run.checkpointing:
         per_token *= 1.5
@@ -754,7 +745,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     import json
 
     from workflow_scripts.plan.predict import (count_modules, count_params, count_tensors, engine_choices,
-                                               host_copy_bytes, kernel_ratio, memory_ratio, recorded_wrap_blocks, shape,
+                                               host_copy_bytes, kernel_ratio, recorded_wrap_blocks, shape,
                                                tokens_per_sample)
     from workflow_scripts.training import recompute
     from workflow_scripts.training.levers import lever_set
@@ -783,7 +774,6 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                matmuls_recomputed=recompute.MATMULS_RECOMPUTED.get(recomputes, 1.0),
                trainable=int(trainable),
                tensors=count_tensors(*built), modules=count_modules(*built), kernel_ratio=kernel_ratio(*built[:2]),
-               memory_ratio=memory_ratio(*built[:2]),
                host_copy_bytes=host_copy_bytes(model, seq_len, vocab),
                offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,

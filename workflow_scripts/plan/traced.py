@@ -9,15 +9,12 @@ on a CPU-only host the bf16-mixed trace uses CPU autocast, whose op lists differ
 an fp32 op under CUDA autocast and stays bf16 on CPU), so a CPU trace of a bf16-mixed run says so (`device`).
 fp32 and bf16-pure involve no autocast and trace the same on both.
 
-The same layer, run forward and backward under a dispatch counter, gives the kernels it issues and the bytes its
-kernels outside the matmuls move (layer_work): what the step-time model's host and eager memory terms scale with
-from one layer family to another.
+The same layer, run forward and backward under a dispatch counter, gives the kernels it issues (layer_kernels):
+what the step-time model's host term scales with from one layer family to another.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -102,71 +99,33 @@ def layer_saved_bytes(model: str, precision: str, micro_batch: int, seq_len: int
 
 # aten ops that launch no kernel: views and metadata, allocations, autograd's bookkeeping
 NO_KERNEL = {"detach", "empty", "empty_like", "empty_strided", "_unsafe_view", "lift_fresh", "alias"}
-# aten ops the step-time model prices by their FLOPs (its gemm and attention terms), not by the bytes they move
-COMPUTE_BOUND = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_flash_attention_for_cpu",
-                 "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_cudnn_attention",
-                 "_scaled_dot_product_cudnn_attention_backward"}
-# the layer each family's kernels are counted against: its own for a dense family (step_time's fitted host constant
-# per layer holds for GPT-2, Qwen2 and ViT blocks alike: scaled by their kernels, 2.4x for Qwen2, the refit's
-# held-out error went 18.3 -> 20.8 %), a dense Qwen2 layer for a Qwen2-MoE one
+# the layer each family's is counted against: its own for a dense family (step_time's fitted host constant per
+# layer holds for GPT-2, Qwen2 and ViT blocks alike: scaled by their kernels, 2.4x for Qwen2, the refit's held-out
+# error went 18.3 -> 20.8 %), a dense Qwen2 layer for a Qwen2-MoE one
 REFERENCE_MODEL = {"gpt2": "gpt2-medium", "qwen2": "qwen2.5-3b", "vit": "vit-huge-14", "qwen2_moe": "qwen2.5-3b"}
 
 
-@dataclass(frozen=True)
-class LayerWork:
-    """What one layer issues per micro-batch, forward and backward, as its eager modules run it."""
-
-    kernels: int  # every aten op that reaches the dispatcher, views, allocations and `prim` ops left out
-    memory_bytes: float  # per token: inputs and outputs of those kernels, the matmuls' and attention's left out
-
-
-@lru_cache(maxsize=32)
-def layer_work(model: str, overrides_json: str = "{}") -> LayerWork:
-    """One layer of the model run forward and backward on fake tensors in bf16 without autocast (a cast per op is
-    the precision's, not the layer's), every op counted as it reaches the dispatcher. Kernels do not depend on batch
-    and sequence: a Qwen2 decoder layer issues 2.4x a GPT-2 block's (its rotary, RMS norms, gated MLP), a Qwen2-MoE
-    layer 3.7x (router, sort, gather, two grouped GEMMs, scatter and the shared expert): the committed H100 trace of
-    the MoE layer (results/parallelism/h100-moe-profile) launched 4.1x a GPT-2-medium block's. The bytes outside
-    the matmuls, per token, grow with the widths and differ by what the modules compute: GPT-2's gelu_new is eight
-    elementwise kernels over the MLP's width (89 bytes per token and (d + f)), ViT's GELU one (24)."""
-    import json
-
+def layer_kernels(model: str, overrides: dict | None = None) -> int:
+    """Kernels one layer of the model issues per micro-batch, forward and backward: every aten op that reaches the
+    dispatcher (views, allocations and FakeTensorMode's own `prim` ops left out), counted on fake tensors in bf16
+    without autocast (a cast per op is the precision's, not the layer's). Independent of batch and sequence: a
+    Qwen2 decoder layer issues 2.4x a GPT-2 block's kernels (its rotary, RMS norms, gated MLP), a Qwen2-MoE layer
+    3.7x (router, sort, gather, two grouped GEMMs, scatter and the shared expert): the committed H100 trace of the
+    MoE layer (results/parallelism/h100-moe-profile) launched 4.1x a GPT-2-medium block's."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    def tensor_bytes(values) -> int:
-        flat = []
-        for v in values:
-            flat.extend(v if isinstance(v, (list, tuple)) else [v])
-        return sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
-
     class Count(TorchDispatchMode):
-        kernels, moved = 0, 0
+        n = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            name = func.overloadpacket.__name__
-            if not (func.is_view or str(func).startswith("prim.") or name in NO_KERNEL):
-                self.kernels += 1
-                if name not in COMPUTE_BOUND:
-                    self.moved += tensor_bytes([*args, *kwargs.values(), out])
-            return out
+            name = str(func)
+            if not (func.is_view or name.startswith("prim.") or func.overloadpacket.__name__ in NO_KERNEL):
+                self.n += 1
+            return func(*args, **(kwargs or {}))
 
     tokens = 257 if MODELS[model].family == "vit" else 64  # a ViT's 256 patches + its class token
-    with fake_layer(model, torch.bfloat16, 1, tokens, json.loads(overrides_json), "cpu") as (layer, x, kwargs):
-        with Count() as count:
-            out = layer(x, **kwargs)
-            out = out[0] if isinstance(out, tuple) else out
-        grad = torch.ones_like(out)
-        with count:
-            out.backward(grad)
-    return LayerWork(count.kernels, count.moved / tokens)
-
-
-def layer_kernels(model: str, overrides: dict | None = None) -> int:
-    """Kernels one layer of the model issues per micro-batch, forward and backward (layer_work)."""
-    import json
-
-    return layer_work(model, json.dumps(overrides or {}, sort_keys=True)).kernels
+    with fake_layer(model, torch.bfloat16, 1, tokens, overrides, "cpu") as (layer, x, kwargs), Count() as count:
+        out = layer(x, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(torch.ones_like(out))
+    return count.n
