@@ -48,7 +48,8 @@ def host_copy_bytes(model: str, seq_len: int, vocab: int) -> float:
     memory-mapped blocks (uint8 pixels, or the token ids' stored width s: data.tokenize), widened to int64 (s read,
     8 written: (s + 8) / 2) and copied into pinned memory (8): s + (s + 8) / 2 + 8 a value. An image row of 150,529
     values is 2.0 MB (a ViT-Base micro-batch of 64: 130 MB, 19 ms at a host's 6.9 GB/s; one H100 host readied it in
-    27 ms, 0.9x what its own copy predicted: results/bench_harness/h100-input-copy), a block of 1,024 tokens 15 kB."""
+    25-27 ms, 0.87-0.99x what its own copy predicted: results/bench_harness/h100-input-copy), a block of 1,024 tokens
+    15 kB."""
     import numpy as np
 
     from workflow_scripts.data.tokenize import token_dtype
