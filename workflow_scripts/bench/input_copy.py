@@ -1,9 +1,10 @@
 """The host's readying of a micro-batch against the step-time model's input term (plan/step_time.input_seconds):
 the real training.batches.Batches over memory-mapped rows (gathered, widened to int64, pinned where a GPU takes
 them, copied to the device), timed per micro-batch, beside the bytes the model counts a sample
-(plan.predict.host_copy_bytes) over this host's numpy copy bandwidth measured in the same round (calibrate's
-`host_memcpy`: a 64 MiB copy). Shapes: a ViT-Base micro-batch of 64 images of 224 x 224, a ViT-Huge one of 32, a
-GPT-2 one of 8 blocks of 1,024 tokens; rounds interleaved (the shapes' order reversed every other round).
+(plan.predict.host_copy_bytes) over this host's copy bandwidth measured in the same round
+(calibrate.host_memcpy_gbs, what a calibration records as `host_memcpy`). Shapes: a ViT-Base micro-batch of 64
+images of 224 x 224, a ViT-Huge one of 32, a GPT-2 one of 8 blocks of 1,024 tokens; rounds interleaved (the shapes'
+order reversed every other round).
 
     python -m workflow_scripts.bench.input_copy [--rounds 3] [--batches 8] [--out DIR]
 """
@@ -19,18 +20,6 @@ from types import SimpleNamespace
 SHAPES = (("vit-base-16, 64 images", "vit-base-16", 1 + 3 * 224 * 224, "uint8", 64),
           ("vit-huge-14, 32 images", "vit-huge-14", 1 + 3 * 224 * 224, "uint8", 32),
           ("gpt2, 8 x 1,024 tokens", "gpt2", 1024, "uint16", 8))
-
-
-def memcpy_gbs(repeats: int = 5) -> float:
-    """calibrate's host_memcpy: a numpy copy of 64 MiB, GB/s (the mean of `repeats`)."""
-    import numpy as np
-
-    src = np.ones(64 * 2**20, dtype=np.uint8)
-    dst = np.empty_like(src)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        np.copyto(dst, src)
-    return src.nbytes * repeats / (time.perf_counter() - start) / 1e9
 
 
 def readying_s(blocks, micro: int, batches: int, device) -> float:
@@ -59,6 +48,7 @@ def measure(rounds: int, batches: int, work: Path):
     import torch
 
     from workflow_scripts.bench.rounds import order
+    from workflow_scripts.measure.calibrate import host_memcpy_gbs
     from workflow_scripts.plan.predict import host_copy_bytes
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -70,7 +60,7 @@ def measure(rounds: int, batches: int, work: Path):
     rows = []
     for r in range(rounds):
         for name, model, values, _, micro in order(r, SHAPES):
-            gbs = memcpy_gbs()
+            gbs = host_memcpy_gbs(5)
             seconds = readying_s(stored[name], micro, batches, device)
             predicted = micro * host_copy_bytes(model, values, 50257) / (gbs * 1e9)
             rows.append({"round": r, "shape": name, "host_memcpy_gbs": gbs, "measured_ms": 1e3 * seconds,
