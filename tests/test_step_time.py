@@ -232,7 +232,7 @@ def test_host_term_is_launches_at_the_calibrated_cost():
     assert [n for n, _ in two.zero3_tensor_ranks] == [2] and [n for n, _ in two.tp_linear_ranks] == [2]
 
 
-def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():
+def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket_and_the_compute_it_slows():
     run = gpt2_run(layout={"dp": 2}, bucket=100_000.0)
     grads = 100_000 * 4
     ring = grads * 2 * (2 - 1) / 2 / 100e9
@@ -241,6 +241,12 @@ def test_ddp_all_reduce_is_hidden_behind_the_backward_but_its_last_bucket():
     exposed, _ = st.comm_seconds(run, flat_rates(), backward_s=0.0)
     assert exposed == pytest.approx(ring)
     assert st.comm_seconds(gpt2_run(), flat_rates(), 0.0)[0] == 0.0  # one rank: nothing to reduce
+    # what it hides costs the backward its compute-bound share: a device of 3 s matmuls, 1 s attention, 4 s memory
+    share = st.compute_share({"gemm": 3.0, "attention": 1.0, "memory": 4.0})
+    assert share == 0.5
+    hidden, _ = st.comm_seconds(run, flat_rates(), backward_s=1.0, compute=share)
+    assert hidden == pytest.approx(ring * 100_000 / grads + (ring - ring * 100_000 / grads) * 0.5)
+    assert st.comm_seconds(run, flat_rates(), backward_s=0.0, compute=share)[0] == pytest.approx(ring)  # none hidden
 
 
 def test_zero3_hides_a_tenth_of_its_collectives_and_fsdp2_hides_them_behind_the_backward():

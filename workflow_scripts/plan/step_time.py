@@ -44,8 +44,11 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
              (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
              engine overlaps with the backward (DDP's buckets, FSDP2's prefetch; DeepSpeed ZeRO-1/2 do not
-             overlap by default, ZeRO-3 hides ZERO3_OVERLAP of its own, a trace's share); tensor parallelism's
-             activation all-reduces (2 per layer forward, 2 backward);
+             overlap by default, ZeRO-3 hides ZERO3_OVERLAP of its own, a trace's share), and of what it hides the
+             compute-bound share of the device's work (matmuls and attention against them and the memory-bound
+             kernels: beside_compute): NCCL's kernels hold SMs while they run, which a matmul beside them loses
+             and a memory-bound kernel, paced by HBM, hardly; tensor parallelism's activation all-reduces (2 per
+             layer forward, 2 backward);
              pipeline stages add the bubble (pp - 1) / (a + pp - 1) of the step.
 
   step = || gemm + attention + memory + optimizer, host ||_OVERLAP + exposed comm + offload (+ the pipeline bubble)
@@ -662,8 +665,26 @@ class Collectives:
             self.notes.append(text)
 
 
-def comm_seconds(run: Run, rates: Rates, backward_s: float, fabric=None) -> tuple[float, list]:
-    """The exposed seconds of the strategy's and the layout's collectives, and notes on what was assumed."""
+def beside_compute(t: float, exposed: float, compute_share: float) -> float:
+    """What `t` seconds of collectives cost a step of which `exposed` run after the compute: the rest runs beside
+    the backward and takes `compute_share` of its own time from it (the compute-bound share of the device's work:
+    NCCL's kernels hold SMs). Measured on GPT-2-medium's step at two H200 under DDP (bench.ddp_two_ranks,
+    results/bench_harness/h200x2-ddp-settings and h200x2-ddp-eager): 25 MB buckets overlapped with the backward
+    cost the compiled-blocks step as much as one bucket all-reduced after it (ddp_one_bucket / ddp 1.009 and
+    1.012 eager), 4-7 ms over one rank's wrapper, where hiding them would cost nothing."""
+    return exposed + (t - exposed) * compute_share
+
+
+def compute_share(parts: dict) -> float:
+    """The compute-bound share (matmuls, attention) of the device's work of the forward and backward."""
+    compute = parts["gemm"] + parts["attention"]
+    return compute / (compute + parts["memory"]) if compute + parts["memory"] > 0 else 0.0
+
+
+def comm_seconds(run: Run, rates: Rates, backward_s: float, fabric=None,
+                 compute: float = 0.0) -> tuple[float, list]:
+    """The exposed seconds of the strategy's and the layout's collectives, and notes on what was assumed; `compute`
+    the compute-bound share of the device's work (compute_share: what a hidden collective costs it)."""
     c = Collectives(run, rates, fabric)
     dp_dims = ("dp", "cp")
     s, layers = run.shape, run.shape.n_layer / degree(run, "pp")
@@ -672,7 +693,8 @@ def comm_seconds(run: Run, rates: Rates, backward_s: float, fabric=None) -> tupl
     if c.ranks(dp_dims) > 1:
         if run.family == "ddp":  # buckets all-reduced as the backward of the last micro-batch produces them
             t = c.seconds("all_reduce", grads, run.bucket, dp_dims)
-            total += max(t - backward_s / run.accum, t * min(1.0, run.bucket / max(grads, 1.0)))
+            total += beside_compute(t, max(t - backward_s / run.accum, t * min(1.0, run.bucket / max(grads, 1.0))),
+                                    compute)
         elif run.zero_stage == 0:
             total += c.seconds("all_reduce", grads, 5e8, dp_dims)
         elif run.zero_stage in (1, 2):  # reduce-scatter of gradients, all-gather of parameters
@@ -681,8 +703,8 @@ def comm_seconds(run: Run, rates: Rates, backward_s: float, fabric=None) -> tupl
             layer = p / max(1, s.n_layer)
             t = (c.seconds("all_gather", 2 * p * 2, layer * 2, dp_dims)
                  + c.seconds("reduce_scatter", grads, layer * run.grad_bytes, dp_dims))
-            hidden = max(t - backward_s * 1.5, t / max(1, s.n_layer))
-            total += t * (1 - ZERO3_OVERLAP) if run.family == "deepspeed" else hidden
+            exposed = max(t - backward_s * 1.5, t / max(1, s.n_layer))
+            total += beside_compute(t, t * (1 - ZERO3_OVERLAP) if run.family == "deepspeed" else exposed, compute)
     tokens = run.micro_batch * run.tokens / degree(run, "cp")  # of one micro-batch on this rank
     if degree(run, "tp") > 1:  # two all-reduces of the activations per layer forward, two backward
         act = tokens * s.d * 2
@@ -722,7 +744,7 @@ def predict(run: Run, rates: Rates, fabric=None) -> Prediction:
     parts["optimizer"], offload = optimizer_seconds(run, rates)
     parts["host"] = host_seconds(run, rates) * beside(rates, node_ranks(run, fabric))
     backward = (parts["gemm"] + parts["attention"]) * 2 / 3
-    parts["comm"], notes = comm_seconds(run, rates, backward, fabric)
+    parts["comm"], notes = comm_seconds(run, rates, backward, fabric, compute_share(parts))
     device = parts["gemm"] + parts["attention"] + parts["memory"] + parts["optimizer"]
     step = (device ** OVERLAP + parts["host"] ** OVERLAP) ** (1 / OVERLAP) + parts["comm"] + offload
     pp = degree(run, "pp")
