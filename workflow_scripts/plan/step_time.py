@@ -44,11 +44,10 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
   comm       the strategy's collectives at the calibrated bus bandwidth for their message size and rank count
              (`all_reduce_busbw`, `all_gather_busbw`, reduce-scatter at the all-gather's rate), minus what the
              engine overlaps with the backward (DDP's buckets, FSDP2's prefetch; DeepSpeed ZeRO-1/2 do not
-             overlap by default, ZeRO-3 hides ZERO3_OVERLAP of its own, a trace's share), and of what it hides the
-             compute-bound share of the device's work (matmuls and attention against them and the memory-bound
-             kernels: beside_compute): NCCL's kernels hold SMs while they run, which a matmul beside them loses
-             and a memory-bound kernel, paced by HBM, hardly; tensor parallelism's activation all-reduces (2 per
-             layer forward, 2 backward);
+             overlap by default, ZeRO-3 hides ZERO3_OVERLAP of its own, a trace's share) but for the compute-bound
+             share of what it hides (the matmuls' and attention's share of the device's work: beside_compute):
+             NCCL's kernels hold SMs while they run, which a matmul beside them loses and a memory-bound kernel,
+             paced by HBM, hardly; tensor parallelism's activation all-reduces (2 per layer forward, 2 backward);
              pipeline stages add the bubble (pp - 1) / (a + pp - 1) of the step.
 
   step = || gemm + attention + memory + optimizer, host ||_OVERLAP + exposed comm + offload (+ the pipeline bubble)
