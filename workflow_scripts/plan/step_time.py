@@ -668,9 +668,9 @@ def beside_compute(t: float, exposed: float, compute_share: float) -> float:
     """What `t` seconds of collectives cost a step of which `exposed` run after the compute: the rest runs beside
     the backward and takes `compute_share` of its own time from it (the compute-bound share of the device's work:
     NCCL's kernels hold SMs). Measured on GPT-2-medium's step at two H200 under DDP (bench.ddp_two_ranks,
-    results/bench_harness/h200x2-ddp-settings and h200x2-ddp-eager): 25 MB buckets overlapped with the backward
-    cost the compiled-blocks step as much as one bucket all-reduced after it (ddp_one_bucket / ddp 1.009 and
-    1.012 eager), 4-7 ms over one rank's wrapper, where hiding them would cost nothing."""
+    results/bench_harness/h200x2-ddp-settings, -one-bucket and -eager): 25 MB buckets overlapped with the backward
+    cost the step as much as one bucket all-reduced after it (ddp_one_bucket / ddp 1.009 and 0.988 ± 0.033
+    compiled, 1.012 eager), 4-7 ms over one rank's wrapper, where hiding them would cost nothing."""
     return exposed + (t - exposed) * compute_share
 
 
