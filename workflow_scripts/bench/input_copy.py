@@ -16,10 +16,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from workflow_scripts.data.images import ROW_DTYPE
+from workflow_scripts.data.tokenize import token_dtype
+
+VOCAB = 50257  # GPT-2's: its token blocks' stored width (data.tokenize.token_dtype)
 # (name, model whose rows they are, values a stored row, stored dtype, micro-batch)
-SHAPES = (("vit-base-16, 64 images", "vit-base-16", 1 + 3 * 224 * 224, "uint8", 64),
-          ("vit-huge-14, 32 images", "vit-huge-14", 1 + 3 * 224 * 224, "uint8", 32),
-          ("gpt2, 8 x 1,024 tokens", "gpt2", 1024, "uint16", 8))
+SHAPES = (("vit-base-16, 64 images", "vit-base-16", 1 + 3 * 224 * 224, ROW_DTYPE, 64),
+          ("vit-huge-14, 32 images", "vit-huge-14", 1 + 3 * 224 * 224, ROW_DTYPE, 32),
+          ("gpt2, 8 x 1,024 tokens", "gpt2", 1024, token_dtype(VOCAB), 8))
 
 
 def readying_s(blocks, micro: int, batches: int, device) -> float:
@@ -62,7 +66,7 @@ def measure(rounds: int, batches: int, work: Path):
         for name, model, values, _, micro in order(r, SHAPES):
             gbs = host_memcpy_gbs(5)
             seconds = readying_s(stored[name], micro, batches, device)
-            predicted = micro * host_copy_bytes(model, values, 50257) / (gbs * 1e9)
+            predicted = micro * host_copy_bytes(model, values, VOCAB) / (gbs * 1e9)
             rows.append({"round": r, "shape": name, "host_memcpy_gbs": gbs, "measured_ms": 1e3 * seconds,
                          "predicted_ms": 1e3 * predicted, "ratio": seconds / predicted})
     return pd.DataFrame(rows), device

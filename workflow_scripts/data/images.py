@@ -27,6 +27,8 @@ import numpy as np
 
 from workflow_scripts.data import checksum
 
+ROW_DTYPE = np.uint8  # how an image row (its label, then its pixels) is stored: what the trainer memory-maps
+
 
 def synthetic(classes: int, per_class: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(images N x size x size x 3 uint8, labels N) of oriented colour gratings, one pattern family per class."""
@@ -84,11 +86,11 @@ def load(params: dict):
 
 
 def rows(images: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """[label, channel-first pixels] per image, uint8 (at most 256 classes)."""
-    if labels.max(initial=0) > 255:
+    """[label, channel-first pixels] per image, ROW_DTYPE (uint8: at most 256 classes)."""
+    if labels.max(initial=0) > np.iinfo(ROW_DTYPE).max:
         raise ValueError("images: more than 256 classes do not fit the uint8 label column")
     flat = images.transpose(0, 3, 1, 2).reshape(len(images), -1)
-    return np.concatenate([labels.astype(np.uint8)[:, None], flat], axis=1)
+    return np.concatenate([labels.astype(ROW_DTYPE)[:, None], flat], axis=1)
 
 
 def build(params: dict, val_fraction: float, train_path: str, val_path: str, manifest_path: str) -> dict:

@@ -52,10 +52,13 @@ def host_copy_bytes(model: str, seq_len: int, vocab: int) -> float:
     15 kB."""
     import numpy as np
 
+    from workflow_scripts.data.images import ROW_DTYPE
     from workflow_scripts.data.tokenize import token_dtype
+    from workflow_scripts.training.batches import BATCH_DTYPE
 
-    stored = 1 if MODELS[model].family == "vit" else np.dtype(token_dtype(vocab)).itemsize
-    return seq_len * (stored + (stored + 8) / 2 + 8)
+    stored = np.dtype(ROW_DTYPE if MODELS[model].family == "vit" else token_dtype(vocab)).itemsize
+    wide = np.dtype(BATCH_DTYPE).itemsize
+    return seq_len * (stored + (stored + wide) / 2 + wide)
 
 
 @lru_cache(maxsize=64)

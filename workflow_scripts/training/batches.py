@@ -12,6 +12,8 @@ import torch.distributed as dist
 from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.models import MODELS, build_model, embedding_rows, with_lora
 
+BATCH_DTYPE = np.int64  # the stored rows widened to what the model takes (token ids, and image rows before scaling)
+
 
 def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
     """The tokens manifest, the training blocks (the first max_train_samples), the validation blocks, and the
@@ -64,7 +66,7 @@ class Batches:
         for m in range(c.accum):
             start = base + (m * c.dp_size + c.dp_rank) * c.micro_batch
             idx = np.sort(self._perm[start:start + c.micro_batch])
-            batch = torch.from_numpy(self.blocks[idx].astype(np.int64))
+            batch = torch.from_numpy(self.blocks[idx].astype(BATCH_DTYPE))
             if self.pin:
                 batch = batch.pin_memory()
             yield batch.to(c.device, non_blocking=True)
@@ -78,7 +80,7 @@ def rank_chunks(val: np.ndarray, ctx: RunContext, samples: int, chunk: int):
         per_rank -= per_rank % chunk
     mine = val[ctx.dp_rank::ctx.dp_size][:per_rank]
     for i in range(0, per_rank, chunk):
-        yield torch.from_numpy(mine[i:i + chunk].astype(np.int64)).to(ctx.device)
+        yield torch.from_numpy(mine[i:i + chunk].astype(BATCH_DTYPE)).to(ctx.device)
 
 
 def evaluate(engine, val: np.ndarray, ctx: RunContext, samples: int) -> float:
