@@ -98,15 +98,20 @@ def host_memcpy_gbs(rounds: int) -> float:
     return src.nbytes / timed(lambda: np.copyto(dst, src), rounds) / GB
 
 
+PYTHON_LOOP = 2_000_000  # iterations of cpu_single_thread's pure-Python loop
+
+
+def python_loop() -> int:
+    """cpu_single_thread's work (and bench.host_pace's): a pure-Python integer loop of PYTHON_LOOP iterations."""
+    total = 0
+    for i in range(PYTHON_LOOP):
+        total += i
+    return total
+
+
 def host_rows(work_dir: Path, rounds: int) -> list[dict]:
     import numpy as np
     import torch
-
-    def loop():
-        total = 0
-        for i in range(2_000_000):
-            total += i
-        return total
 
     src = np.ones(64 * 2**20, dtype=np.uint8)
     dst = np.empty_like(src)
@@ -134,7 +139,7 @@ def host_rows(work_dir: Path, rounds: int) -> list[dict]:
         with open(path, "rb") as f:
             f.readinto(dst.data)
 
-    out = [row("cpu_single_thread", 2.0 / timed(loop, rounds, best=True), "M iterations/s",
+    out = [row("cpu_single_thread", PYTHON_LOOP / 1e6 / timed(python_loop, rounds, best=True), "M iterations/s",
                "pure-Python integer loop, fastest round"),
            row("host_memcpy", host_memcpy_gbs(rounds), "GB/s", "numpy copy, 64 MiB"),
            row("cpu_adam", 1000 * timed(adam_step, rounds), "ms", "torch AdamW(foreach) step, 10 M fp32 parameters")]
