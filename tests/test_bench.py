@@ -216,3 +216,19 @@ def test_benchmarks_md_matches_the_committed_results(capsys):
     code = benchmarks_md.main(["--file", str(REPO / "BENCHMARKS.md"), "--results",
                                str(REPO / "results/bench_harness"), "--check"])
     assert code == 0, capsys.readouterr().out[-4000:]
+
+
+def test_host_pace_counts_mutual_slowdowns_and_correlates_two_cpus_in_bins():
+    """bench.host_pace's summary on a hand-made measure: CPU 1 slows CPU 0 and the reverse (one mutual pair), CPU 2
+    slows CPU 1 only; two series that rise together correlate at +1, one that falls against them at -1."""
+    from workflow_scripts.bench.host_pace import binned_correlation, markdown
+
+    rising = [(0.1, 10.0), (0.6, 20.0), (1.1, 30.0)]
+    m = {"cpus": [0, 1, 2], "alone": {0: 30.0, 1: 30.0, 2: 30.0},
+         "beside": {0: {1: 20.0, 2: 30.0}, 1: {0: 20.0, 2: 30.0}, 2: {0: 30.0, 1: 15.0}},
+         "series": [(0.0, 25.0), (1.0, 20.0), (2.0, 30.0)],
+         "together": [{"cpus": [0, 1], "series": [rising, [(t, 2 * v) for t, v in rising]]}]}
+    text = markdown(m)
+    assert "| 3 of 6 |" in text and "both ways | 1 |" in text and "| +1.00 |" in text
+    falling = {"cpus": [0, 2], "series": [rising, [(t, -v) for t, v in rising]]}
+    assert binned_correlation(falling) == pytest.approx(-1.0)
