@@ -155,6 +155,7 @@ def ranking(frame: pd.DataFrame, top: int = 10) -> list[str]:
         return ["No throughput ranking: set plan.calibration to a calibration.json of the GPU kind (e.g. "
                 "results/calibration/h100/calibration.json), measured by `calibrate` with its curves.", ""]
     lines = ["Ranked by predicted throughput (step-time model, plan/step_time.py; candidates that fit):", ""]
+    host_bound = False
     for model, part in frame[frame["fits"] == True].groupby("model", sort=False):  # noqa: E712
         best = part.dropna(subset=["predicted_tokens_per_s_per_gpu"]).sort_values(
             "predicted_tokens_per_s_per_gpu", ascending=False).head(top)
@@ -165,7 +166,16 @@ def ranking(frame: pd.DataFrame, top: int = 10) -> list[str]:
             lines.append(f"| {i} | `{r['strategy']}` | {r['gpus']} | {r['micro_batch']} | {r['levers']} | "
                          f"{r['predicted_tokens_per_s_per_gpu']:,.0f} | {mfu} | {r['time_bound']} |")
         lines.append("")
-    return lines
+        host_bound |= bool((best["time_bound"] == "host").any())
+    return lines + ([HOST_BOUND_NOTE, ""] if host_bound else [])
+
+
+# what a host-bound prediction cannot see (BENCHMARKS.md Part 6; the error by bound: results/step_time/step_time.md)
+HOST_BOUND_NOTE = ("Bound `host`: the step waits on the host's launches and hooks, whose pace a rented machine's "
+                   "CPUs do not hold (one CPU moved 2x from one second to the next, results/bench_harness/"
+                   "h200-host-pace): the model misses such rows about twice as far as device-bound ones "
+                   "(results/step_time/step_time.md, held out by bound), so host-bound candidates close in tokens/s "
+                   "are a tie until measured.")
 
 
 def largest_fitting(frame: pd.DataFrame) -> pd.DataFrame:
