@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import subprocess
 import sys
@@ -35,17 +34,18 @@ def tokens(work: Path, block_size: int, vocab: int) -> dict:
     """Random token blocks and a manifest both launchers accept (the newer one checks the files' SHA-256)."""
     import numpy as np
 
+    from workflow_scripts.data import checksum
+
     rng = np.random.default_rng(0)
-    manifest = {"block_size": block_size, "vocab_size": vocab, "dtype": "uint16", "loss_on": "all", "files": {}}
+    manifest = {"block_size": block_size, "vocab_size": vocab, "dtype": "uint16", "loss_on": "all"}
+    paths = {}
     for name, blocks in (("train", TRAIN_BLOCKS), ("val", VAL_BLOCKS)):
-        path = work / f"{name}.npy"
-        np.save(path, rng.integers(0, vocab, (blocks, block_size), dtype=np.uint16))
+        paths[name] = str(work / f"{name}.npy")
+        np.save(paths[name], rng.integers(0, vocab, (blocks, block_size), dtype=np.uint16))
         manifest[f"{name}_blocks"], manifest[f"{name}_tokens"] = blocks, blocks * block_size
-        manifest["files"][name] = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                                   "bytes": path.stat().st_size}
+    manifest[checksum.KEY] = checksum.entries(paths)
     (work / "tokens_manifest.json").write_text(json.dumps(manifest))
-    return {"manifest": str(work / "tokens_manifest.json"), "train": str(work / "train.npy"),
-            "val": str(work / "val.npy")}
+    return {"manifest": str(work / "tokens_manifest.json"), **paths}
 
 
 def launch(tree: Path, spec: dict) -> subprocess.CompletedProcess:

@@ -245,15 +245,12 @@ def roles(frame: pd.DataFrame) -> tuple:
     return ("held out", frame[held]), ("fitted class", frame[~held])
 
 
-DEVICE_BOUNDS = ("gemm", "attention", "memory", "optimizer")  # Prediction.bound of a device-bound step
-
-
 def bounds_markdown(frame: pd.DataFrame) -> str:
     """The held-out rows by what bounds their predicted step: the device's kernels, the host's launches and hooks
     (whose pace a machine's CPUs do not hold from one moment to the next: results/bench_harness/h200-host-pace), or
     the rest (collectives, offload, a pipeline's bubble)."""
     test = held_out(frame) & ~fit_class(frame)
-    kind = frame["bound"].map(lambda b: "host" if b == "host" else "device" if b in DEVICE_BOUNDS else "other")
+    kind = frame["bound"].map(lambda b: "host" if b == "host" else "device" if b in st.DEVICE_PARTS else "other")
     lines = head("held out by what bounds the predicted step", "Error: the model's on those rows; bias: its mean "
                  "signed error.", ("bound", "n", "mean abs. error", "median", "bias"))
     for bound, rows in frame[test].groupby(kind[test]):

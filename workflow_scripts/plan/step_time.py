@@ -734,6 +734,9 @@ def not_modelled(run: Run) -> str | None:
     return None
 
 
+DEVICE_PARTS = ("gemm", "attention", "memory", "optimizer")  # the device's work; a device-bound step's bound is one
+
+
 def predict(run: Run, rates: Rates, fabric=None) -> Prediction:
     """The step of `run` on the machine of `rates` (and, simulated, on the network `fabric`: plan/fabric.py)."""
     tokens = run.micro_batch * run.tokens // degree(run, "cp")
@@ -744,7 +747,7 @@ def predict(run: Run, rates: Rates, fabric=None) -> Prediction:
     parts["host"] = host_seconds(run, rates) * beside(rates, node_ranks(run, fabric))
     backward = (parts["gemm"] + parts["attention"]) * 2 / 3
     parts["comm"], notes = comm_seconds(run, rates, backward, fabric, compute_share(parts))
-    device = parts["gemm"] + parts["attention"] + parts["memory"] + parts["optimizer"]
+    device = sum(parts[k] for k in DEVICE_PARTS)
     step = (device ** OVERLAP + parts["host"] ** OVERLAP) ** (1 / OVERLAP) + parts["comm"] + offload
     pp = degree(run, "pp")
     if pp > 1:
@@ -755,7 +758,7 @@ def predict(run: Run, rates: Rates, fabric=None) -> Prediction:
               "bubble": parts.get("bubble", 0.0)}
     bound = max(shares, key=shares.get)
     if bound == "device":
-        bound = max(("gemm", "attention", "memory", "optimizer"), key=parts.get)
+        bound = max(DEVICE_PARTS, key=parts.get)
     return Prediction(step, parts, bound, notes)
 
 
