@@ -146,7 +146,7 @@ def predictions(rows: pd.DataFrame, runs: list, results: Path) -> pd.DataFrame:
         p = st.predict(run, rates_for(row, results, cache))
         measured = float(row["step_time_median_s"])
         out.append({"set": row["set"], "model": row["model"], "strategy": row["strategy"],
-                    "layout": json.dumps({k: v for k, v in run.layout.items() if v > 1}) or "{}",
+                    "layout": json.dumps(run.layout),
                     "gpus": int(row["world_size"]), "micro_batch": int(row["micro_batch"]), "levers": run.levers,
                     "measured_step_s": measured, "predicted_step_s": p.step_s,
                     "error": p.step_s / measured - 1, "bound": p.bound, "after_trace": bool(row["after_trace"]),
@@ -199,20 +199,30 @@ def twins(frame: pd.DataFrame, runs: list, devices) -> pd.DataFrame:
     on the same GPU kind, measured in more than one set (machine). Per such row (none timed after a trace): its
     measured step against the median of its twins' in the other sets (`spread`: how far the machines of one kind
     differ on the same work), the twins' measured steps moved by the model's own ratio between this row's
-    calibration and theirs (`transfer`: what the calibrations explain of that difference), and the model's error."""
+    calibration and theirs (`transfer`: what the calibrations explain of that difference), the model's error, and
+    the `floor`: this row's error under the one step that misses the whole group least (best_single_step), the
+    least any model that gives one configuration on one GPU kind one step can err on it."""
     clean = keyed(frame, runs, devices)
     out = []
     for _, group in clean.groupby(["key", "device"]):
         if group["set"].nunique() < 2:
             continue
+        best = best_single_step(group["measured_step_s"])
         for _, r in group.iterrows():
             others = group[group["set"] != r["set"]]
             moved = others["measured_step_s"] * r["predicted_step_s"] / others["predicted_step_s"]
             out.append({**{k: r[k] for k in ("set", "model", "strategy", "layout", "gpus", "micro_batch", "levers",
                                              "measured_step_s", "error")},
                         "twins": len(others), "spread": r["measured_step_s"] / others["measured_step_s"].median() - 1,
-                        "transfer": moved.median() / r["measured_step_s"] - 1})
+                        "transfer": moved.median() / r["measured_step_s"] - 1,
+                        "floor": best / r["measured_step_s"] - 1})
     return pd.DataFrame(out)
+
+
+def best_single_step(measured: pd.Series) -> float:
+    """The one step that minimises the mean |step / measured - 1| over `measured` (the error is piecewise linear in
+    the step, so its least lies at one of the measured values)."""
+    return min(measured, key=lambda step: (step / measured - 1).abs().sum())
 
 
 def keyed(frame: pd.DataFrame, runs: list, devices) -> pd.DataFrame:
@@ -273,25 +283,31 @@ def repeats_markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines + [""])
 
 
-def twins_markdown(frame: pd.DataFrame) -> str:
-    """The twins' summary, held out and fitted apart, and every held-out twin listed."""
+def twins_markdown(frame: pd.DataFrame, rows: dict) -> str:
+    """The twins' summary, held out and fitted apart, what their floor leaves of the whole class's error (`rows`:
+    how many rows each class has), and every held-out twin listed."""
     if frame.empty:
         return ""
     held = ~fit_class(frame)
     lines = head("the same run on other machines of its kind (twins: identical inputs to the model)",
                  "Spread: a row's measured step against its twins' median on the other machines. Moved: the twins' "
-                 "steps times the model's ratio between the two calibrations. Model: its error.",
-                 ("rows", "n", "spread", "moved by the calibrations", "model"))
+                 "steps times the model's ratio between the two calibrations. Model: its error. Floor: the error of "
+                 "the one step that misses the row's group of twins least, the least any model that gives one run "
+                 "on one GPU kind one step can err; over all rows: that floor spread over every row of the class "
+                 "(rows without twins at 0), a bound under the class's mean absolute error.",
+                 ("rows", "n", "spread", "moved by the calibrations", "model", "floor", "floor over all rows"))
     for name, part in roles(frame):
         if len(part):
             lines.append(f"| {name} | {len(part)} | {part['spread'].abs().mean():.1%} | "
-                         f"{part['transfer'].abs().mean():.1%} | {part['error'].abs().mean():.1%} |")
+                         f"{part['transfer'].abs().mean():.1%} | {part['error'].abs().mean():.1%} | "
+                         f"{part['floor'].abs().mean():.1%} | {part['floor'].abs().sum() / rows[name]:.1%} "
+                         f"of {rows[name]} |")
     lines += ["", ("| set | model | strategy | layout | GPUs | mb | levers | measured s | twins | spread | moved | "
-                   "model |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                   "model | floor |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in frame[held].sort_values(["model", "strategy", "gpus", "set"]).iterrows():
         lines.append(f"| {r['set']} | {r['model']} | {r['strategy']} | {r['layout']} | {r['gpus']} | "
                      f"{r['micro_batch']} | {r['levers']} | {r['measured_step_s']:.4f} | {r['twins']} | "
-                     f"{r['spread']:+.1%} | {r['transfer']:+.1%} | {r['error']:+.1%} |")
+                     f"{r['spread']:+.1%} | {r['transfer']:+.1%} | {r['error']:+.1%} | {r['floor']:+.1%} |")
     return "\n".join(lines + [""])
 
 
@@ -416,7 +432,7 @@ def main(argv=None):
     frame = predictions(rows, runs, results)
     text = markdown(frame) + "\n" + bounds_markdown(frame)
     same = twins(frame, runs, rows["device_name"])
-    text += "\n" + twins_markdown(same)
+    text += "\n" + twins_markdown(same, {name: len(part) for name, part in roles(keyed(frame, runs, rows["device_name"]))})
     text += "\n" + repeats_markdown(repeats(frame, runs, rows["device_name"]))
     if len(skipped):
         text += (f"\nNot modelled: {len(skipped)} rows (" + "; ".join(

@@ -333,7 +333,7 @@ class Run:
     micro_batch: int
     accum: int
     tokens: int  # tokens of one sample through every layer (sequence; a ViT's patches + 1)
-    layout: dict
+    layout: dict  # the dimensions of more than one rank (dp, pp, cp, tp, ep); a 1-GPU run: {}
     levers: str  # eager | blocks | model | graphs
     compile_loss: bool
     checkpointing: bool
@@ -794,7 +794,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     per_block = choices.hooks_per_block if per_block is None else per_block
     return Run(shape=s, family=engine.family, zero_stage=engine.zero_stage, strategy=strategy,
                micro_batch=int(micro_batch), accum=int(accum), tokens=tokens,
-               layout={k: int(v) for k, v in layout.items()}, levers=levers, compile_loss=loss,
+               layout={k: int(v) for k, v in layout.items() if int(v) > 1}, levers=levers, compile_loss=loss,
                checkpointing=recomputes is not None, selective=recomputes == "selective",
                matmuls_recomputed=recompute.MATMULS_RECOMPUTED.get(recomputes, 1.0),
                trainable=int(trainable),
