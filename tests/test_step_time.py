@@ -422,7 +422,7 @@ def test_twins_set_one_machines_step_against_the_same_runs_on_the_others():
             ("e/h200x2", 0.5, 0.1), ("f/h200x2", 0.2, 0.1)]
     frame = pd.DataFrame([{"set": s, "model": "gpt2", "strategy": "ddp", "layout": "{}", "gpus": 2, "micro_batch": 1,
                            "levers": "eager", "measured_step_s": m, "predicted_step_s": p, "error": p / m - 1,
-                           "after_trace": s == "d/h200x2"} for s, m, p in rows])
+                           "bound": "host", "after_trace": s == "d/h200x2"} for s, m, p in rows])
     same, other = gpt2_run(layout={"dp": 2}), gpt2_run(layout={"dp": 2}, micro_batch=2)
     runs = [same, same, same, same, other, same]
     devices = ["NVIDIA H200"] * 5 + ["NVIDIA H100 80GB HBM3"]
@@ -435,8 +435,10 @@ def test_twins_set_one_machines_step_against_the_same_runs_on_the_others():
     assert out.loc["c/h200x2", "transfer"] == pytest.approx((0.11 * 0.12 / 0.09) / 0.08 - 1)
     # the one step that misses 0.10 / 0.12 / 0.08 least is 0.10 (0 + 1/6 + 1/4 against 0.7 at 0.12, 0.53 at 0.08)
     assert out.loc["c/h200x2", "floor"] == pytest.approx(0.25) and out.loc["b/h200x2", "floor"] == pytest.approx(-1 / 6)
-    text = bench_st.twins_markdown(out.reset_index(), {"held out": 6})
-    assert "| held out | 3 |" in text and "| 13.9% | 6.9% of 6 |" in text  # (1/6 + 1/4) / 3, / 6
+    # of a class of 5 host-bound rows and one device-bound: the twins' floor over all 6, and each host-bound row
+    # without twins at the twins' mean floor (the device-bound one at 0: no device-bound twin)
+    text = bench_st.twins_markdown(out.reset_index(), {"held out": pd.Series(["host"] * 5 + ["device"])})
+    assert "| held out | all | 3 |" in text and "| 13.9% | 6.9% of 6 | 11.6% |" in text  # (1/6 + 1/4) / 3; / 6; x 5/6
     # a layout's dimensions of one rank do not make another run (older specs wrote only dp, later ones all five)
     kw = dict(model="gpt2-tiny", strategy="ddp", precision="bf16-mixed", micro_batch=1, accum=1, seq_len=64,
               vocab=512, train={}, n_params=10**6, trainable=10**6)

@@ -212,7 +212,7 @@ def twins(frame: pd.DataFrame, runs: list, devices) -> pd.DataFrame:
             others = group[group["set"] != r["set"]]
             moved = others["measured_step_s"] * r["predicted_step_s"] / others["predicted_step_s"]
             out.append({**{k: r[k] for k in ("set", "model", "strategy", "layout", "gpus", "micro_batch", "levers",
-                                             "measured_step_s", "error")},
+                                             "measured_step_s", "error", "bound")},
                         "twins": len(others), "spread": r["measured_step_s"] / others["measured_step_s"].median() - 1,
                         "transfer": moved.median() / r["measured_step_s"] - 1,
                         "floor": best / r["measured_step_s"] - 1})
@@ -260,13 +260,19 @@ def bounds_markdown(frame: pd.DataFrame) -> str:
     (whose pace a machine's CPUs do not hold from one moment to the next: results/bench_harness/h200-host-pace), or
     the rest (collectives, offload, a pipeline's bubble)."""
     test = held_out(frame) & ~fit_class(frame)
-    kind = frame["bound"].map(lambda b: "host" if b == "host" else "device" if b in st.DEVICE_PARTS else "other")
+    kind = bound_kind(frame["bound"])
     lines = head("held out by what bounds the predicted step", "Error: the model's on those rows; bias: its mean "
                  "signed error.", ("bound", "n", "mean abs. error", "median", "bias"))
     for bound, rows in frame[test].groupby(kind[test]):
         lines.append(f"| {bound} | {len(rows)} | {rows['error'].abs().mean():.1%} | "
                      f"{rows['error'].abs().median():.1%} | {rows['error'].mean():+.1%} |")
     return "\n".join(lines + [""])
+
+
+def bound_kind(bound: pd.Series) -> pd.Series:
+    """What bounds each predicted step, in three: the device's kernels (plan.step_time.DEVICE_PARTS), the host's
+    launches and hooks, or the rest (collectives, offload, a pipeline's bubble)."""
+    return bound.map(lambda b: "host" if b == "host" else "device" if b in st.DEVICE_PARTS else "other")
 
 
 def repeats_markdown(frame: pd.DataFrame) -> str:
@@ -284,8 +290,8 @@ def repeats_markdown(frame: pd.DataFrame) -> str:
 
 
 def twins_markdown(frame: pd.DataFrame, rows: dict) -> str:
-    """The twins' summary, held out and fitted apart, what their floor leaves of the whole class's error (`rows`:
-    how many rows each class has), and every held-out twin listed."""
+    """The twins' summary, held out and fitted apart and by bound, what their floor leaves of the whole class's error
+    (`rows`: each class's rows, their bounds), and every held-out twin listed."""
     if frame.empty:
         return ""
     held = ~fit_class(frame)
@@ -293,15 +299,24 @@ def twins_markdown(frame: pd.DataFrame, rows: dict) -> str:
                  "Spread: a row's measured step against its twins' median on the other machines. Moved: the twins' "
                  "steps times the model's ratio between the two calibrations. Model: its error. Floor: the error of "
                  "the one step that misses the row's group of twins least, the least any model that gives one run "
-                 "on one GPU kind one step can err; over all rows: that floor spread over every row of the class "
-                 "(rows without twins at 0), a bound under the class's mean absolute error.",
-                 ("rows", "n", "spread", "moved by the calibrations", "model", "floor", "floor over all rows"))
+                 "on one GPU kind one step can err. Over all rows: that floor spread over every row of the class "
+                 "(rows without twins at 0), a bound under the class's mean absolute error; estimated: each row "
+                 "without twins at the mean floor of the twins of its bound, what such a model would err on the "
+                 "class if the machines differ on the other rows as on these.",
+                 ("rows", "bound", "n", "spread", "moved by the calibrations", "model", "floor",
+                  "floor over all rows", "estimated over all rows"))
     for name, part in roles(frame):
-        if len(part):
-            lines.append(f"| {name} | {len(part)} | {part['spread'].abs().mean():.1%} | "
-                         f"{part['transfer'].abs().mean():.1%} | {part['error'].abs().mean():.1%} | "
-                         f"{part['floor'].abs().mean():.1%} | {part['floor'].abs().sum() / rows[name]:.1%} "
-                         f"of {rows[name]} |")
+        if not len(part):
+            continue
+        kinds = bound_kind(part["bound"])
+        mean = part["floor"].abs().groupby(kinds).mean()
+        estimate = sum(mean.get(kind, 0.0) * n for kind, n in rows[name].value_counts().items()) / len(rows[name])
+        for kind, sub in [("all", part), *part.groupby(kinds)]:
+            whole = (f"{part['floor'].abs().sum() / len(rows[name]):.1%} of {len(rows[name])} | {estimate:.1%}"
+                     if kind == "all" else " | ")
+            lines.append(f"| {name} | {kind} | {len(sub)} | {sub['spread'].abs().mean():.1%} | "
+                         f"{sub['transfer'].abs().mean():.1%} | {sub['error'].abs().mean():.1%} | "
+                         f"{sub['floor'].abs().mean():.1%} | {whole} |")
     lines += ["", ("| set | model | strategy | layout | GPUs | mb | levers | measured s | twins | spread | moved | "
                    "model | floor |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in frame[held].sort_values(["model", "strategy", "gpus", "set"]).iterrows():
@@ -432,7 +447,8 @@ def main(argv=None):
     frame = predictions(rows, runs, results)
     text = markdown(frame) + "\n" + bounds_markdown(frame)
     same = twins(frame, runs, rows["device_name"])
-    text += "\n" + twins_markdown(same, {name: len(part) for name, part in roles(keyed(frame, runs, rows["device_name"]))})
+    classes = roles(keyed(frame, runs, rows["device_name"]))
+    text += "\n" + twins_markdown(same, {name: bound_kind(part["bound"]) for name, part in classes})
     text += "\n" + repeats_markdown(repeats(frame, runs, rows["device_name"]))
     if len(skipped):
         text += (f"\nNot modelled: {len(skipped)} rows (" + "; ".join(
