@@ -345,7 +345,11 @@ STARTS = (0.25, 0.5, 0.75)
 def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) -> dict:
     """The constants minimising the mean |log(predicted / measured)| over the one-GPU H100 rows (`same_sets`: of the
     sets the committed fit names): a bounded Powell search from each of STARTS, the best kept."""
-    from scipy.optimize import minimize
+    try:
+        from scipy.optimize import minimize
+    except ImportError:  # not in envs/requirements.txt: transformers imports it into every rank where it is installed
+        raise SystemExit("bench.step_time --fit needs scipy (pip install scipy); the pipeline leaves it out, as every "
+                         "training rank would import it through transformers (1 s a launch)") from None
 
     train = fit_class(pd.DataFrame({"gpus": rows["world_size"].astype(int).values, "set": rows["set"].values}))
     train &= ~rows["after_trace"].values.astype(bool)
