@@ -349,7 +349,7 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
         from scipy.optimize import minimize
     except ImportError:  # not in envs/requirements.txt: transformers imports it into every rank where it is installed
         raise SystemExit("bench.step_time --fit needs scipy (pip install scipy); the pipeline leaves it out, as every "
-                         "training rank would import it through transformers (1 s a launch)") from None
+                         "training rank would import it through transformers (0.3-1 s a launch)") from None
 
     train = fit_class(pd.DataFrame({"gpus": rows["world_size"].astype(int).values, "set": rows["set"].values}))
     train &= ~rows["after_trace"].values.astype(bool)
