@@ -21,9 +21,6 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
 - zero3_tensor_us        the host's time per parameter tensor and step of a one-rank DeepSpeed ZeRO-3 engine beyond
                          plain torch's, microseconds (GPU 0; eager ZeRO-3's hook term in plan/step_time.py; None
                          where DeepSpeed is missing), and zero3_module_us, what each module adds (its hooks);
-- fsdp_unit_us           the host's time per FSDP2 unit (one small linear each) and micro-batch, forward + backward,
-                         beyond plain torch's, microseconds (GPU 0, a one-rank mesh): what fsdp_unit_us_ranks[n]
-                         (below) is set against, FSDP2's hooks at n ranks in plan/step_time.py;
 - curves (GPU 0)         matmul_bf16 TFLOP/s over GEMM shapes m x k x n (GEMM_M x GEMM_KN x GEMM_KN) and SDPA
                          forward + backward TFLOP/s over mask (causal, full) x sequence x head dimension, both
                          replayed from CUDA graphs (the device's rates): the step-time model's rates;
@@ -41,9 +38,7 @@ fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
                          launch_us[0] alone; tp_linear_us_ranks[n], tp_linear_us over a mesh of the n ranks (the
                          slowest rank's): the dispatch with the all-reduces of tensor parallelism at n ranks;
                          zero3_tensor_us_ranks[n], zero3_tensor_us of an engine over the n ranks (the slowest
-                         rank's): its hooks with the gathers and reduce-scatters the ranks wait on together;
-                         fsdp_unit_us_ranks[n], fsdp_unit_us over a mesh of the n ranks (the slowest rank's): FSDP2's
-                         hooks with the all-gathers and reduce-scatters the ranks wait on together.
+                         rank's): its hooks with the gathers and reduce-scatters the ranks wait on together.
 On CPU the GPU and collective rows are present with value None and detail "not applicable (cpu)" (CPU studies
 check a pipeline, they time nothing worth explaining; the calibration there takes about 3 s).
 """
@@ -298,7 +293,7 @@ def gpu_rows(rounds: int) -> list[dict]:
         return [row(n, None, u, "not applicable (cpu)") for n, u in
                 (("matmul_bf16", "TFLOP/s"), ("matmul_bf16_unaligned", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"),
                  ("tp_linear_us", "us"), ("zero3_tensor_us", "us"), ("zero3_module_us", "us"),
-                 ("fsdp_unit_us", "us"), ("memory_block", "GB/s"))]
+                 ("memory_block", "GB/s"))]
     from workflow_scripts.measure.block_kernels import block_rows
 
     out = []
@@ -306,7 +301,7 @@ def gpu_rows(rounds: int) -> list[dict]:
         out += one_gpu(i, rounds)
         torch.cuda.empty_cache()
     return out + [unaligned_matmul_row(rounds), *block_rows(rounds), tp_linear_row(rounds),
-                  *zero3_host_rows(rounds), fsdp_unit_row(rounds)]
+                  *zero3_host_rows(rounds)]
 
 
 def tp_linear_row(rounds: int) -> dict:
@@ -324,56 +319,6 @@ def tp_linear_row(rounds: int) -> dict:
     return row("tp_linear_us", extra, "us",
                "DTensor colwise + rowwise linear, forward + backward, less plain ones, per linear; one-rank mesh, "
                "fastest round")
-
-
-def fsdp_unit_row(rounds: int) -> dict:
-    """FSDP2's host cost per unit beyond plain torch's on a one-rank mesh of GPU 0 (fsdp_extra_us): the base that
-    fsdp_unit_us_ranks[n] (--collectives) is set against. Its own one-rank process group where the process has none."""
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-
-    dev = torch.device("cuda", 0)
-    try:
-        with one_rank_group(dev):
-            extra = fsdp_extra_us(dev, init_device_mesh("cuda", (1,)), rounds)
-    except (RuntimeError, ValueError, AssertionError) as exc:  # the rest of the calibration stands without this row
-        return row("fsdp_unit_us", None, "us", f"failed: {str(exc).strip().splitlines()[-1:]}")
-    return row("fsdp_unit_us", extra, "us",
-               f"FSDP2 forward + backward of {ZERO3_LAYERS} linears, each its own fully_shard unit, under bf16 "
-               "autocast, less plain ones, per unit; one-rank mesh, fastest round")
-
-
-def fsdp_extra_us(dev, mesh, rounds: int) -> float:
-    """Forward and backward of ZERO3_LAYERS small linears, each its own FSDP2 unit over `mesh` (fp32 sharded
-    parameters under bf16 autocast, resharded after forward where the mesh shards: the fsdp strategy's bf16-mixed
-    units), less the same stack plain, microseconds per unit (fastest round): the hooks' Python, the copies in and
-    out, and on a mesh of several ranks the all-gathers and reduce-scatters they wait on together."""
-    import torch
-    from torch.distributed.fsdp import fully_shard
-
-    def stack():
-        return torch.nn.Sequential(*[torch.nn.Linear(HOST_WIDTH, HOST_WIDTH) for _ in range(ZERO3_LAYERS)]).to(dev)
-
-    plain, sharded = stack(), stack()
-    reshard = mesh.size() > 1
-    for layer in sharded:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(sharded, mesh=mesh, reshard_after_forward=reshard)
-    x = torch.randn(HOST_TOKENS, HOST_WIDTH, device=dev)
-
-    def steps(m):
-        def run():
-            for _ in range(ZERO3_STEPS):
-                with torch.autocast(dev.type, torch.bfloat16):
-                    loss = m(x).float().square().mean()
-                loss.backward()
-                m.zero_grad(set_to_none=True)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-        return run
-
-    extra = timed(steps(sharded), rounds, best=True) - timed(steps(plain), rounds, best=True)
-    return 1e6 * extra / (ZERO3_STEPS * ZERO3_LAYERS)
 
 
 def host_pair(dev):
@@ -555,7 +500,6 @@ def collectives(platform: str, rounds: int) -> None:
     launch = launch_beside(device, rounds)
     tp = tp_beside(device, rounds)
     zero3 = zero3_beside(device, rounds)
-    fsdp = fsdp_beside(device, rounds)
     if dist.get_rank() == 0:
         print(json.dumps(row(f"launch_us_ranks[{n}]", launch, "us", f"launch_us on each of {n} processes at once "
                              "(their slowest, fastest round): a host-bound rank's pace beside the node's others")))
@@ -563,8 +507,6 @@ def collectives(platform: str, rounds: int) -> None:
                              "(their slowest): DTensor's dispatch with the all-reduces the ranks wait on together")))
         print(json.dumps(row(f"zero3_tensor_us_ranks[{n}]", zero3, "us", f"zero3_tensor_us of an engine over the {n} "
                              "ranks (their slowest): ZeRO-3's hooks with the collectives the ranks wait on together")))
-        print(json.dumps(row(f"fsdp_unit_us_ranks[{n}]", fsdp, "us", f"fsdp_unit_us on a mesh of the {n} ranks (their "
-                             "slowest): FSDP2's hooks with the collectives the ranks wait on together")))
     dist.destroy_process_group()
 
 
@@ -586,19 +528,6 @@ def zero3_beside(device, rounds: int) -> float | None:
     try:
         mine = per_tensor_us(zero3_extra_seconds(device, rounds, contained=False))
     except (ImportError, RuntimeError, ValueError, AssertionError):
-        mine = None
-    return slowest(mine)
-
-
-def fsdp_beside(device, rounds: int) -> float | None:
-    """fsdp_extra_us over a mesh of every rank of the group (each unit sharded across them), the slowest rank's;
-    None where FSDP2 fails here."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    try:
-        mine = fsdp_extra_us(device, init_device_mesh(device.type, (dist.get_world_size(),)), rounds)
-    except (RuntimeError, ValueError, AssertionError):
         mine = None
     return slowest(mine)
 

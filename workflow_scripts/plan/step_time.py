@@ -144,8 +144,6 @@ class Rates:
     zero3_tensor_us: float | None = None  # DeepSpeed ZeRO-3's host time per parameter tensor and step, beyond torch's
     zero3_module_us: float | None = None  # and what each module adds to it (its hooks)
     zero3_tensor_ranks: tuple = ()  # ((ranks, zero3_tensor_us of an engine over that many ranks of one node), ...)
-    fsdp_unit_us: float | None = None  # FSDP2's host time per unit and micro-batch beyond torch's, on a one-rank mesh
-    fsdp_unit_ranks: tuple = ()  # ((ranks, fsdp_unit_us on a mesh of that many ranks of one node), ...)
     matmul_unaligned: float | None = None  # TFLOP/s of calibrate.UNALIGNED's three matmuls (an odd output width)
     host_beside: tuple = ()  # ((ranks, the host's slowdown with that many ranks on the node), ...)
     memory_block: dict = field(default_factory=dict)  # "<block>,<levers>" -> GB/s of its memory-bound kernels
@@ -174,9 +172,10 @@ class Rates:
         beside = tuple(sorted((int(k[len("host_beside["):-1]), v) for k, v in rows.items()
                               if k.startswith("host_beside[")))
         blocks = {k[len("memory_block["):-1]: v for k, v in rows.items() if k.startswith("memory_block[")}
-        tp_ranks = at_rank_counts(rows, "tp_linear_us_ranks")
-        zero3_ranks = at_rank_counts(rows, "zero3_tensor_us_ranks")
-        fsdp_ranks = at_rank_counts(rows, "fsdp_unit_us_ranks")
+        tp_ranks = tuple(sorted((int(k[len("tp_linear_us_ranks["):-1]), v) for k, v in rows.items()
+                                if k.startswith("tp_linear_us_ranks[")))
+        zero3_ranks = tuple(sorted((int(k[len("zero3_tensor_us_ranks["):-1]), v) for k, v in rows.items()
+                                   if k.startswith("zero3_tensor_us_ranks[")))
         for name, value in rows.items():
             if m := BUSBW.fullmatch(name):
                 busbw.setdefault((m[1], int(m[2])), []).append((float(m[3]) * MB, value))
@@ -191,7 +190,6 @@ class Rates:
                    tp_linear_us=rows.get("tp_linear_us"), tp_linear_ranks=tp_ranks,
                    zero3_tensor_us=rows.get("zero3_tensor_us"),
                    zero3_module_us=rows.get("zero3_module_us"), zero3_tensor_ranks=zero3_ranks,
-                   fsdp_unit_us=rows.get("fsdp_unit_us"), fsdp_unit_ranks=fsdp_ranks,
                    matmul_unaligned=rows.get("matmul_bf16_unaligned"),
                    host_beside=beside, memory_block=blocks,
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
@@ -204,17 +202,11 @@ def machine_gpu(calibration: dict) -> str | None:
     return gpus[0].get("name")
 
 
-def at_rank_counts(rows: dict, name: str) -> tuple:
-    """((ranks, value), ...) of a calibration's rows `name[n]`, by n."""
-    return tuple(sorted((int(k[len(name) + 1:-1]), v) for k, v in rows.items() if k.startswith(f"{name}[")))
-
-
 def host_row(name: str) -> bool:
     """Whether a calibration row is a host cost (the launch cost per GPU, the tensor-parallel linear's dispatch at
-    one rank and at n, ZeRO-3's per-tensor work at one rank and at n and its per-module work, FSDP2's per unit at one
-    rank and at n, the host's copies)."""
-    return (name.startswith(("launch_us[", "tp_linear_us_ranks[", "zero3_tensor_us_ranks[", "fsdp_unit_us_ranks["))
-            or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us", "fsdp_unit_us", "host_memcpy"))
+    one rank and at n, ZeRO-3's per-tensor work at one rank and at n and its per-module work, the host's copies)."""
+    return (name.startswith(("launch_us[", "tp_linear_us_ranks[", "zero3_tensor_us_ranks["))
+            or name in ("tp_linear_us", "zero3_tensor_us", "zero3_module_us", "host_memcpy"))
 
 
 def kind_row(name: str) -> bool:
@@ -527,9 +519,7 @@ def hook_ops(run: Run, layers: float, rates: Rates) -> float:
     if key is None:
         return 0.0
     if key == "fsdp":
-        ranks = degree(run, "dp") * degree(run, "cp")
-        return HOOK_OPS[key] * (layers if run.hooks_per_block else 1.0) * \
-            ranks_share(rates.fsdp_unit_us, rates.fsdp_unit_ranks, ranks)
+        return HOOK_OPS[key] * (layers if run.hooks_per_block else 1.0)
     if key == "zero3" and rates.zero3_tensor_us is not None:
         extra_modules = max(0.0, run.modules - run.tensors * ZERO3_STACK_MODULES_PER_TENSOR)
         # a module costs nothing less than nothing (a noisy calibration can measure the difference below zero)
@@ -549,18 +539,12 @@ def zero3_tensor_us(run: Run, rates: Rates) -> float:
 
 
 def zero3_ranks_share(run: Run, rates: Rates) -> float:
-    """How much more ZeRO-3's hooks cost the host over the run's ranks than on one: the compiled leaf blocks'
-    fitted hooks (fitted at one rank) scaled by it."""
-    return ranks_share(rates.zero3_tensor_us, rates.zero3_tensor_ranks, degree(run, "dp") * degree(run, "cp"))
-
-
-def ranks_share(one: float | None, measured: tuple, ranks: int) -> float:
-    """How much more an engine's hooks cost the host over `ranks` ranks than on one: their calibrated cost at the
-    nearest rank count measured (`measured`, ((n, us), ...): with the collectives the ranks wait on together) over
-    the one-rank measure (`one`); 1 at one rank and where either is missing, never below 1."""
-    if ranks <= 1 or not one or not measured:
+    """How much more ZeRO-3's hooks cost the host over the run's ranks than on one (zero3_tensor_us over the
+    one-rank measure; 1 where either is missing): the compiled leaf blocks' fitted hooks (fitted at one rank) scaled
+    by it."""
+    if not rates.zero3_tensor_us or not rates.zero3_tensor_ranks:
         return 1.0
-    return max(1.0, at_ranks(measured, ranks) / one)
+    return max(1.0, zero3_tensor_us(run, rates) / rates.zero3_tensor_us)
 
 
 def replayed_forward(run: Run) -> float:
