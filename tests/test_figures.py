@@ -174,6 +174,13 @@ def test_predicted_speed_ticks_the_prediction_and_names_the_rows_without_one(gpu
     heights = {round(seg[0][1]) for ax in fig.axes for c in ax.collections
                for seg in getattr(c, "get_segments", lambda: [])()}
     assert {1000, 2000} <= heights  # the predicted ticks, one per world size
+    # a prediction three times its bar stays in view (the bars set the axis; the ticks widen it)
+    data = load(gpu)
+    data.summary["predicted_tokens_per_s"] *= 3
+    fig = figures.predicted_speed_figure(data)
+    ticks = [(ax, seg[0][1]) for ax in fig.axes for c in ax.collections
+             for seg in getattr(c, "get_segments", lambda: [])()]
+    assert {3000, 6000} <= {round(y) for _, y in ticks} and all(y < ax.get_ylim()[1] for ax, y in ticks)
 
 
 def test_every_figure_joins_the_registry_once_with_a_caption():

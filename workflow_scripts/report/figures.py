@@ -198,12 +198,14 @@ def speed_panel(ax: plt.Axes, rows: pd.DataFrame, colours: dict, handles: dict) 
     """Measured tokens/s per strategy (bars, 95% CI) and the step-time model's prediction (a black tick); the
     corner gives each strategy's error, prediction / measurement - 1."""
     bar_panel(ax, rows, "tokens_per_s", 1.0, colours)
-    errors = []
+    errors, top = [], ax.get_ylim()[1]
     for x, row in enumerate(rows.itertuples()):
         if row.status == C.OK and pd.notna(row.predicted_tokens_per_s):
             handles.setdefault(PREDICTED_SPEED_LABEL, ax.hlines(row.predicted_tokens_per_s, x - 0.45, x + 0.45,
                                                                 colors="black", linewidth=2.2))
             errors.append(f"{row.strategy} {100 * (row.predicted_tokens_per_s / row.tokens_per_s - 1):+.0f} %")
+            top = max(top, 1.08 * row.predicted_tokens_per_s)
+    ax.set_ylim(0, top)  # the bars fixed the axis (bar_panel): a tick above every bar stays in view
     corner_note(ax, "\n".join(errors))
     ax.set_ylabel("tokens/s: measured (bar), predicted (tick)")
 
