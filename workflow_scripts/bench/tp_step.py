@@ -37,8 +37,9 @@ LAYOUTS = ("dp2", "tp2")
 PHASES = ("forward", "backward", "clip", "optimizer")
 
 
-def model_of(layout: str, layers: int, device):
-    """The layout's model on this rank: Qwen2 at Qwen2.5-3B's widths, split and wrapped as the layout says."""
+def model_of(layout: str, layers: int, device, compiled: bool = False):
+    """The layout's model on this rank: Qwen2 at Qwen2.5-3B's widths, split and wrapped as the layout says; each
+    block compiled in place first where `compiled` (the harness's train.compile_blocks: strategies.engine)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -46,12 +47,16 @@ def model_of(layout: str, layers: int, device):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from workflow_scripts.training.parallel.tensor import block_plan
+    from workflow_scripts.training.strategies.engine import compile_blocks
 
     config = Qwen2Config(hidden_size=2048, intermediate_size=11008, num_attention_heads=16, num_key_value_heads=2,
                          num_hidden_layers=layers, vocab_size=1024, tie_word_embeddings=True,
                          attn_implementation="sdpa")
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(device)
+    if compiled:  # before the split: only the data-parallel layout compiles here
+        assert layout == "dp2", "tp_step compiles the dp2 layout's blocks only"
+        compile_blocks(model, "default")
     n = int(os.environ["WORLD_SIZE"])
     mesh = init_device_mesh(device.type, (n, 1) if layout == "dp2" else (1, n), mesh_dim_names=("dp", "tp"))
     if layout == "tp2":
