@@ -232,3 +232,20 @@ def test_host_pace_counts_mutual_slowdowns_and_correlates_two_cpus_in_bins():
     assert "| 3 of 6 |" in text and "both ways | 1 |" in text and "| +1.00 |" in text
     falling = {"cpus": [0, 2], "series": [rising, [(t, -v) for t, v in rising]]}
     assert binned_correlation(falling) == pytest.approx(-1.0)
+
+
+def test_a_layers_cost_is_the_slope_between_layer_counts_of_the_slowest_rank():
+    """bench.fsdp_layers: per round and variant, the slowest rank's time at each layer count; a layer's cost is the
+    slope between the fewest and the most layers (the embedding, head and root unit cancel)."""
+    from workflow_scripts.bench.fsdp_layers import per_layer, summary
+
+    variant = {"ranks": 2, "family": "qwen2", "wrap": "fsdp", "levers": "eager"}
+    rows = pd.DataFrame([{"round": r, **variant, "layers": n, "rank": rank, "issue_s": issue + r * 0.004,
+                          "step_s": issue + 0.001 + r * 0.004}
+                         for r in (0, 1) for n, by_rank in ((2, (0.010, 0.012)), (6, (0.030, 0.028)))
+                         for rank, issue in enumerate(by_rank)])
+    each = per_layer(rows).set_index("round")
+    assert each.loc[0, "issue_s_per_layer_s"] == pytest.approx((0.030 - 0.012) / 4)  # the slower rank each time
+    assert each.loc[1, "step_s_per_layer_s"] == pytest.approx((0.035 - 0.017) / 4)
+    table = summary(rows).set_index("per layer")
+    assert table.loc["issue", "ms"] == pytest.approx(4.5) and table.loc["issue", "rounds"] == 2

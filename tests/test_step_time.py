@@ -426,7 +426,7 @@ def test_twins_set_one_machines_step_against_the_same_runs_on_the_others():
     same, other = gpt2_run(layout={"dp": 2}), gpt2_run(layout={"dp": 2}, micro_batch=2)
     runs = [same, same, same, same, other, same]
     devices = ["NVIDIA H200"] * 5 + ["NVIDIA H100 80GB HBM3"]
-    out = bench_st.twins(frame, runs, devices).set_index("set")
+    out = bench_st.twins(bench_st.keyed(frame, runs, devices)).set_index("set")
     assert sorted(out.index) == ["a/h200x2", "b/h200x2", "c/h200x2"]
     assert out.loc["a/h200x2", "twins"] == 2
     assert out.loc["a/h200x2", "spread"] == pytest.approx(0.10 / 0.10 - 1)  # the median of 0.12 and 0.08
@@ -459,7 +459,7 @@ def test_repeats_set_each_round_against_its_sets_median_and_keep_the_models_erro
                            "levers": "eager", "measured_step_s": m, "predicted_step_s": 0.1, "error": 0.1 / m - 1,
                            "bound": "host", "after_trace": t} for s, m, t in rows])
     run = gpt2_run(layout={"dp": 2})
-    out = bench_st.repeats(frame, [run] * 6, ["NVIDIA H200"] * 6)
+    out = bench_st.repeats(bench_st.keyed(frame, [run] * 6, ["NVIDIA H200"] * 6))
     assert list(out["set"]) == ["a/h200x2"] * 3
     assert list(out["spread"]) == pytest.approx([0.10 / 0.11 - 1, 0.0, 0.12 / 0.11 - 1])
     assert list(out["error"]) == pytest.approx([0.0, 0.1 / 0.11 - 1, 0.1 / 0.12 - 1])
@@ -549,3 +549,4 @@ def test_a_layers_kernels_are_counted_on_the_real_layer():
     # a MoE layer against a dense layer of its family; every dense family against itself
     assert kernel_ratio("qwen2-moe-tiny", '{"num_hidden_layers": 1}') == pytest.approx(moe / qwen)
     assert kernel_ratio("gpt2-tiny", "{}") == kernel_ratio("qwen2-tiny", "{}") == 1.0
+

@@ -194,15 +194,14 @@ def traced_markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines + [""])
 
 
-def twins(frame: pd.DataFrame, runs: list, devices) -> pd.DataFrame:
+def twins(clean: pd.DataFrame) -> pd.DataFrame:
     """Rows the model cannot tell apart but by their calibrations: the same run (every input of plan.step_time.Run)
-    on the same GPU kind, measured in more than one set (machine). Per such row (none timed after a trace): its
+    on the same GPU kind, measured in more than one set (machine). Per such row of `clean` (keyed): its
     measured step against the median of its twins' in the other sets (`spread`: how far the machines of one kind
     differ on the same work), the twins' measured steps moved by the model's own ratio between this row's
     calibration and theirs (`transfer`: what the calibrations explain of that difference), the model's error, and
     the `floor`: this row's error under the one step that misses the whole group least (best_single_step), the
     least any model that gives one configuration on one GPU kind one step can err on it."""
-    clean = keyed(frame, runs, devices)
     out = []
     for _, group in clean.groupby(["key", "device"]):
         if group["set"].nunique() < 2:
@@ -231,12 +230,12 @@ def keyed(frame: pd.DataFrame, runs: list, devices) -> pd.DataFrame:
     return frame.assign(key=keys, device=list(devices))[~frame["after_trace"].astype(bool)]
 
 
-def repeats(frame: pd.DataFrame, runs: list, devices, least: int = 3) -> pd.DataFrame:
-    """Rows measured at least `least` times in one set (the rounds of one machine, one command): per such row, its
-    measured step against its group's median (`spread`: how far one machine repeats the same work), beside the
-    model's error on it; what no model of the run's inputs can predict closer on average."""
+def repeats(clean: pd.DataFrame, least: int = 3) -> pd.DataFrame:
+    """Rows of `clean` (keyed) measured at least `least` times in one set (the rounds of one machine, one command):
+    per such row, its measured step against its group's median (`spread`: how far one machine repeats the same work),
+    beside the model's error on it; what no model of the run's inputs can predict closer on average."""
     out = []
-    for _, group in keyed(frame, runs, devices).groupby(["key", "device", "set"]):
+    for _, group in clean.groupby(["key", "device", "set"]):
         if len(group) >= least:
             median = group["measured_step_s"].median()
             out += [{"set": r["set"], "bound": r["bound"], "spread": r["measured_step_s"] / median - 1,
@@ -311,9 +310,11 @@ def twins_markdown(frame: pd.DataFrame, rows: dict) -> str:
         kinds = bound_kind(part["bound"])
         mean = part["floor"].abs().groupby(kinds).mean()
         estimate = sum(mean.get(kind, 0.0) * n for kind, n in rows[name].value_counts().items()) / len(rows[name])
+        counts = rows[name].value_counts()
         for kind, sub in [("all", part), *part.groupby(kinds)]:
-            whole = (f"{part['floor'].abs().sum() / len(rows[name]):.1%} of {len(rows[name])} | {estimate:.1%}"
-                     if kind == "all" else " | ")
+            n = len(rows[name]) if kind == "all" else counts.get(kind, 0)
+            guess = estimate if kind == "all" else mean[kind]  # the bound's rows without twins at its twins' mean
+            whole = f"{sub['floor'].abs().sum() / n:.1%} of {n} | {guess:.1%}" if n else " | "
             lines.append(f"| {name} | {kind} | {len(sub)} | {sub['spread'].abs().mean():.1%} | "
                          f"{sub['transfer'].abs().mean():.1%} | {sub['error'].abs().mean():.1%} | "
                          f"{sub['floor'].abs().mean():.1%} | {whole} |")
@@ -450,10 +451,9 @@ def main(argv=None):
         print(json.dumps(result["constants"], indent=1))
     frame = predictions(rows, runs, results)
     text = markdown(frame) + "\n" + bounds_markdown(frame)
-    same = twins(frame, runs, rows["device_name"])
-    classes = roles(keyed(frame, runs, rows["device_name"]))
-    text += "\n" + twins_markdown(same, {name: bound_kind(part["bound"]) for name, part in classes})
-    text += "\n" + repeats_markdown(repeats(frame, runs, rows["device_name"]))
+    clean = keyed(frame, runs, rows["device_name"])
+    text += "\n" + twins_markdown(twins(clean), {name: bound_kind(part["bound"]) for name, part in roles(clean)})
+    text += "\n" + repeats_markdown(repeats(clean))
     if len(skipped):
         text += (f"\nNot modelled: {len(skipped)} rows (" + "; ".join(
             f"{why}: {n}" for why, n in skipped.groupby("why").size().items()) + ")\n")
