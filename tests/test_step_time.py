@@ -549,4 +549,3 @@ def test_a_layers_kernels_are_counted_on_the_real_layer():
     # a MoE layer against a dense layer of its family; every dense family against itself
     assert kernel_ratio("qwen2-moe-tiny", '{"num_hidden_layers": 1}') == pytest.approx(moe / qwen)
     assert kernel_ratio("gpt2-tiny", "{}") == kernel_ratio("qwen2-tiny", "{}") == 1.0
-
