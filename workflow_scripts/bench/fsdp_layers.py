@@ -47,7 +47,6 @@ def model_of(family: str, wrap: str, layers: int, device, compiled: bool):
     sharded by FSDP2 per block and at the root over every rank (`fsdp`, bf16 parameters, fp32 reductions) or left
     unwrapped (`none`: one rank, as the harness runs a one-rank DDP run)."""
     import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from workflow_scripts.training.strategies.engine import compile_blocks
@@ -61,12 +60,7 @@ def model_of(family: str, wrap: str, layers: int, device, compiled: bool):
                                        attn_implementation="sdpa")).to(device)
     if compiled:
         compile_blocks(model, "default")
-    if wrap == "none":
-        return model
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.transformer.h:
-        fully_shard(block, mp_policy=policy)
-    return fully_shard(model, mp_policy=policy)
+    return model if wrap == "none" else tp_step.sharded(model, model.transformer.h)
 
 
 def measure(family: str, wrap: str, levers: str, layer_counts: list[int], steps: int) -> dict:

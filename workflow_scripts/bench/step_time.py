@@ -309,8 +309,8 @@ def twins_markdown(frame: pd.DataFrame, rows: dict) -> str:
             continue
         kinds = bound_kind(part["bound"])
         mean = part["floor"].abs().groupby(kinds).mean()
-        estimate = sum(mean.get(kind, 0.0) * n for kind, n in rows[name].value_counts().items()) / len(rows[name])
         counts = rows[name].value_counts()
+        estimate = sum(mean.get(kind, 0.0) * n for kind, n in counts.items()) / len(rows[name])
         for kind, sub in [("all", part), *part.groupby(kinds)]:
             n = len(rows[name]) if kind == "all" else counts.get(kind, 0)
             guess = estimate if kind == "all" else mean[kind]  # the bound's rows without twins at its twins' mean

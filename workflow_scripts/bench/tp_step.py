@@ -42,7 +42,6 @@ def model_of(layout: str, layers: int, device, compiled: bool = False):
     block compiled in place first where `compiled` (the harness's train.compile_blocks: strategies.engine)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -62,10 +61,19 @@ def model_of(layout: str, layers: int, device, compiled: bool = False):
     if layout == "tp2":
         for block in model.model.layers:
             parallelize_module(block, mesh["tp"], block_plan())
+    return sharded(model, model.model.layers, mesh["dp"])
+
+
+def sharded(model, blocks, mesh=None):
+    """bf16-mixed FSDP2 as the fsdp strategy builds it: each block its own unit, then the root, over `mesh` (every
+    rank where None); bf16 parameters, fp32 reductions."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.model.layers:
-        fully_shard(block, mesh=mesh["dp"], mp_policy=policy)
-    return fully_shard(model, mesh=mesh["dp"], mp_policy=policy)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def measure(layout: str, layers: int, steps: int) -> dict:
