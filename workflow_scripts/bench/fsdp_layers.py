@@ -146,7 +146,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ranks", default="1,2", help="a comma list of rank counts, each a torchrun on one node")
+    rounds.add_ranks(ap)
     ap.add_argument("--layers", default="2,6", help="a comma list of layer counts (at least two)")
     ap.add_argument("--levers", default=",".join(LEVERS), help=f"a comma list of {', '.join(LEVERS)}")
     ap.add_argument("--families", default="qwen2", help=f"a comma list of {', '.join(FAMILIES)}")

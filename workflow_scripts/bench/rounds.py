@@ -9,6 +9,12 @@ import sys
 from pathlib import Path
 
 
+def add_ranks(ap) -> None:
+    """The `--ranks` option of the benchmarks that run each rank count as its own torchrun (tp_host, tp_block,
+    fsdp_layers)."""
+    ap.add_argument("--ranks", default="1,2", help="a comma list of rank counts, each a torchrun on one node")
+
+
 def order(round_: int, variants: tuple) -> tuple:
     """The variants of one round: as given in even rounds, reversed in odd ones (no variant always runs first)."""
     return variants if round_ % 2 == 0 else variants[::-1]

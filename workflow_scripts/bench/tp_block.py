@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.bench import tp_host, tp_step
+from workflow_scripts.bench import rounds, tp_host, tp_step
 from workflow_scripts.training.parallel.tensor import BLOCK_PLAN
 
 LAYERS = 4
@@ -96,7 +96,7 @@ def join(raw: Path, out: Path) -> pd.DataFrame:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ranks", default="1,2", help="a comma list of rank counts, each a torchrun on one node")
+    rounds.add_ranks(ap)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--join", type=Path, help="only join the per-round folders a run left in this folder")
     a = ap.parse_args(argv)

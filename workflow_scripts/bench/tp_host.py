@@ -120,7 +120,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--ranks", default="1,2", help="a comma list of rank counts, each a torchrun on one node")
+    rounds.add_ranks(ap)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
