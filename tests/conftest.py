@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["slurm_cluster"]  # its cluster and study start with the session where a test needs them
 SKIP = {".git", ".snakemake", "work", "results", ".pytest_cache", "__pycache__", ".whl", ".deb", "images", "out",
         ".cache", ".build"}
 
@@ -42,12 +43,17 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
-def snakemake(workdir: Path, *args, check=True, env=None, timeout=1500, report=False) -> subprocess.CompletedProcess:
-    """Snakemake in workdir; the HTML report after success (about 4 s) only where a test reads it (`report`)."""
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "all", *args]
+def snakemake_command(*args, env=None, report=False) -> tuple[list[str], dict]:
+    """The command and environment of a Snakemake run; the HTML report after success (about 4 s) only where a test
+    reads it (`report`)."""
     no_report = {} if report else {"PIPELINE_NO_REPORT": "1"}
-    done = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **no_report, **(env or {})})
+    return [sys.executable, "-m", "snakemake", "--cores", "all", *args], {**os.environ, **no_report, **(env or {})}
+
+
+def snakemake(workdir: Path, *args, check=True, env=None, timeout=1500, report=False) -> subprocess.CompletedProcess:
+    """Snakemake in workdir, to its end."""
+    cmd, full_env = snakemake_command(*args, env=env, report=report)
+    done = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and done.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n"
                              f"{done.stderr[-6000:]}")

@@ -1,10 +1,15 @@
 """A real single-node SLURM cluster for tests, from Debian's `slurm-wlm` and `munge` (run as root).
 
-    from slurm_cluster import slurm_cluster   # the fixture: a started cluster, torn down after the test module
+    slurm_cluster   the fixture: a started cluster, for the whole session (tests/conftest.py loads this module as
+                    a plugin)
+    slurm_study     the reduced study of tests/test_slurm.py submitted to it through profiles/slurm, started with
+                    the session where a collected test needs it: its jobs mostly wait (queueing, status polls,
+                    each job's own Snakemake start; two cores 40 % busy over its 2 min 10 s alone), so it runs
+                    beside the first tests, and its tests take its result where they come
 
 Everything lives in one temporary directory: a generated slurm.conf (this machine's CPUs and a bit less than its
-memory, partition `debug`, no accounting, proctrack/linuxproc, task/none, cons_tres, MinJobAge=600 so `squeue`
-still shows finished jobs), a fresh munge key, free TCP ports, state and spool directories and the daemons' logs.
+memory, partition `debug`, no accounting, proctrack/linuxproc, task/none, cons_tres, MinJobAge=7200 so `squeue`
+still shows the study's finished jobs when its tests come, late in the session), a fresh munge key, free TCP ports, state and spool directories and the daemons' logs.
 `munged` runs as the `munge` user (as root with --force where that user does not exist), then `slurmctld` and
 `slurmd` in the foreground, as children of the test process; teardown cancels this cluster's jobs and stops the
 three daemons by their process ids.
@@ -28,6 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
+
+from conftest import REPO, copy_workflow, snakemake_command
 
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")  # the compiled-in default path of Debian's slurm-wlm
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel", "srun")
@@ -57,6 +65,44 @@ def _memory_mb() -> int:
         if line.startswith("MemTotal:"):
             return int(line.split()[1]) // 1024
     raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+# ------------------------------------------------------------------ the reduced study its tests submit
+PROFILE = REPO / "profiles/slurm/config.yaml"
+STRATEGIES = ["ddp", "fsdp"]  # no DeepSpeed: no op builds, the test stays short
+REDUCED = {
+    "study": "slurm_reduced",
+    "results_dir": "results/reduced",
+    "work_dir": "work/reduced",
+    "strategies": STRATEGIES,
+    "corpus": {"source": "stdlib", "max_bytes": 300_000},
+    "tokenizer": {"kind": "bpe", "vocab_size": 512},
+    "data": {"block_size": 64},
+    "train": {"max_steps": 4, "log_every": 2, "timing_warmup_steps": 1, "eval_batches": 1, "checkpoint_every": 0},
+}
+
+
+def reduced_study(wd):
+    (wd / "reduced.yaml").write_text(yaml.safe_dump(REDUCED))
+    return ["--configfile", "config.yaml", "reduced.yaml"]
+
+
+def cluster_overlay(cluster) -> dict:
+    """Only what a one-node, two-CPU test cluster needs on top of profiles/slurm (a second --profile replaces
+    whole top-level keys): its partition, memory and time that fit the node, threads capped at its CPUs, fast
+    status polling. Every other key, the train resources included, is the profile's."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    fit = {"runtime": 10, "mem_mb": min(4000, cluster.memory_mb // 2)}
+    return {
+        "default-resources": {**profile["default-resources"], "slurm_partition": cluster.partition,
+                              "runtime": 10, "mem_mb": 1000},
+        "set-resources": {rule: {**res, **fit} for rule, res in profile["set-resources"].items()},
+        "slurm-init-seconds-before-status-checks": 1,
+        "seconds-between-status-checks": 1,
+        "slurm-keep-successful-logs": True,
+        "latency-wait": 5,
+        "max-threads": cluster.cpus,
+    }
 
 
 @dataclass
@@ -116,7 +162,7 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/none",
             "MpiDefault=none",
-            "MinJobAge=600",
+            "MinJobAge=7200",
             "ReturnToService=2",
             "SlurmdTimeout=60",
             "InactiveLimit=0",
@@ -192,7 +238,7 @@ class SlurmCluster:
         return done.stdout.strip() if done.returncode == 0 else ""
 
     def job_ids(self) -> list[str]:
-        """Every job slurmctld still knows (MinJobAge=600 keeps finished ones for ten minutes)."""
+        """Every job slurmctld still knows (MinJobAge=7200 keeps finished ones for two hours)."""
         done = self._run(["squeue", "-h", "-t", "all", "-o", "%i"])
         return done.stdout.split()
 
@@ -248,10 +294,10 @@ class SlurmCluster:
             self.linked = False
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def slurm_cluster():
-    """A started single-node cluster for the module that uses it (torn down after it, so the daemons and the
-    /etc/slurm/slurm.conf link never outlive those tests); SLURM_CONF is exported meanwhile."""
+    """A started single-node cluster, torn down at the session's end (so the daemons and the /etc/slurm/slurm.conf
+    link never outlive the tests); SLURM_CONF is exported meanwhile."""
     missing = missing_binaries()
     if missing:
         pytest.skip(f"SLURM/munge binaries missing ({', '.join(missing)}): apt-get install slurm-wlm munge "
@@ -278,3 +324,52 @@ def slurm_cluster():
         else:
             os.environ["SLURM_CONF"] = saved
         shutil.rmtree(root, ignore_errors=True)
+
+
+class BackgroundStudy:
+    """A Snakemake run started and not waited for; `result()` waits for its end and fails with its log's tail."""
+
+    def __init__(self, wd: Path, args: list[str], env: dict, timeout: float):
+        cmd, full_env = snakemake_command(*args, env=env, report=True)
+        self.wd, self.timeout, self.log_path = wd, timeout, wd.parent / "snakemake.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, cwd=wd, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+
+    def result(self) -> tuple[Path, str]:
+        code = self.proc.wait(timeout=self.timeout)
+        log = self.log_path.read_text(errors="replace")
+        if code != 0:
+            raise AssertionError(f"the SLURM study failed ({code}):\n{log[-6000:]}")
+        return self.wd, log
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def slurm_study(slurm_cluster, tmp_path_factory):
+    """The reduced study submitted through profiles/slurm and a test overlay (cluster_overlay), running."""
+    wd = copy_workflow(tmp_path_factory.mktemp("slurm") / "wf")
+    overlay = wd / "slurm-test-profile"
+    overlay.mkdir()
+    (overlay / "config.yaml").write_text(yaml.safe_dump(cluster_overlay(slurm_cluster)))
+    study = BackgroundStudy(wd, ["--profile", "profiles/slurm", "--profile", str(overlay), *reduced_study(wd)],
+                            env=slurm_cluster.env, timeout=1200)
+    yield study
+    study.stop()  # a session cut short: Snakemake cancels its jobs before the cluster stops
+
+
+@pytest.fixture(scope="session", autouse=True)
+def slurm_study_with_the_session(request):
+    """Starts slurm_study before the first test where a collected test needs it; without SLURM here each of those
+    tests says so itself."""
+    if any("slurm_study" in item.fixturenames for item in request.session.items):
+        try:
+            request.getfixturevalue("slurm_study")
+        except pytest.skip.Exception:
+            pass

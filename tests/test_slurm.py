@@ -1,6 +1,7 @@
 """The SLURM profile, for real: a reduced study (ddp and fsdp, a few steps) submitted through
-`--profile profiles/slurm` to a single-node SLURM cluster started by tests/slurm_cluster.py, its tables compared
-with those of the default study run locally. Every job must have gone through sbatch: its SLURM job id is in the
+`--profile profiles/slurm` to a single-node SLURM cluster, both started with the session by tests/slurm_cluster.py
+(the study mostly waits, so it runs beside the first tests), its tables compared with those of the default study
+run locally. Every job must have gone through sbatch: its SLURM job id is in the
 run's provenance and slurmctld knows the job (scontrol, its log) with the resources the profile asked for.
 
     python3 -m pytest tests/test_slurm.py         (as root; skipped with the reason when slurm-wlm/munge are missing)
@@ -15,27 +16,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, copy_workflow, snakemake
-from slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
-
-PROFILE = REPO / "profiles/slurm/config.yaml"
-STRATEGIES = ["ddp", "fsdp"]  # no DeepSpeed: no op builds, the test stays short
-REDUCED = {
-    "study": "slurm_reduced",
-    "results_dir": "results/reduced",
-    "work_dir": "work/reduced",
-    "strategies": STRATEGIES,
-    "corpus": {"source": "stdlib", "max_bytes": 300_000},
-    "tokenizer": {"kind": "bpe", "vocab_size": 512},
-    "data": {"block_size": 64},
-    "train": {"max_steps": 4, "log_every": 2, "timing_warmup_steps": 1, "eval_batches": 1, "checkpoint_every": 0},
-}
-
-
-def reduced_study(wd):
-    (wd / "reduced.yaml").write_text(yaml.safe_dump(REDUCED))
-    return ["--configfile", "config.yaml", "reduced.yaml"]
-
+from conftest import copy_workflow, snakemake
+from slurm_cluster import PROFILE, REDUCED, STRATEGIES, reduced_study
 
 def run_dirs(wd):
     return sorted((wd / REDUCED["results_dir"] / "runs").glob("*/*/ws*/r*"))
@@ -79,36 +61,14 @@ def test_profile_gives_gpu_runs_one_launcher_per_node():
 # ------------------------------------------------------------------ the reduced study through SLURM
 
 
-def cluster_overlay(cluster) -> dict:
-    """Only what a one-node, two-CPU test cluster needs on top of profiles/slurm (a second --profile replaces
-    whole top-level keys): its partition, memory and time that fit the node, threads capped at its CPUs, fast
-    status polling. Every other key, the train resources included, is the profile's."""
-    profile = yaml.safe_load(PROFILE.read_text())
-    fit = {"runtime": 10, "mem_mb": min(4000, cluster.memory_mb // 2)}
-    return {
-        "default-resources": {**profile["default-resources"], "slurm_partition": cluster.partition,
-                              "runtime": 10, "mem_mb": 1000},
-        "set-resources": {rule: {**res, **fit} for rule, res in profile["set-resources"].items()},
-        "slurm-init-seconds-before-status-checks": 1,
-        "seconds-between-status-checks": 1,
-        "slurm-keep-successful-logs": True,
-        "latency-wait": 5,
-        "max-threads": cluster.cpus,
-    }
-
-
 @pytest.fixture(scope="module")
-def slurm_run(slurm_cluster, tmp_path_factory):  # noqa: F811 - the fixture imported above
-    wd = copy_workflow(tmp_path_factory.mktemp("slurm") / "wf")
-    overlay = wd / "slurm-test-profile"
-    overlay.mkdir()
-    (overlay / "config.yaml").write_text(yaml.safe_dump(cluster_overlay(slurm_cluster)))
-    done = snakemake(wd, "--profile", "profiles/slurm", "--profile", str(overlay), *reduced_study(wd),
-                     env=slurm_cluster.env, timeout=600, report=True)
-    return wd, done.stdout + done.stderr
+def slurm_run(slurm_study):
+    """The reduced study through SLURM, started with the session (slurm_cluster.slurm_study): its workflow copy and
+    log once it has ended."""
+    return slurm_study.result()
 
 
-def test_every_job_went_through_sbatch(slurm_run, slurm_cluster):  # noqa: F811
+def test_every_job_went_through_sbatch(slurm_run, slurm_cluster):
     wd, log = slurm_run
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
     # the profile's group prep (corpus, tokenizer, tokenize), calibrate, calibration_figure, one train per strategy,
@@ -125,7 +85,7 @@ def test_every_job_went_through_sbatch(slurm_run, slurm_cluster):  # noqa: F811
         assert re.search(started, ctld_log), job_id
 
 
-def test_training_runs_record_their_slurm_job(slurm_run, slurm_cluster):  # noqa: F811
+def test_training_runs_record_their_slurm_job(slurm_run, slurm_cluster):
     wd, _ = slurm_run
     runs = run_dirs(wd)
     assert len(runs) == len(STRATEGIES)
