@@ -42,6 +42,14 @@ requirements() {
   grep -Ev "^(${drop})==" "$P/requirements.txt"
 }
 
+# pip installs the pins `requirements` prints (more pip arguments: "$@"); those marked `# no-deps` without their
+# declared dependencies (envs/requirements.txt says why).
+install_requirements() {
+  python3 -m pip install -q -r <(requirements | grep -v '# no-deps$') "$@"
+  # shellcheck disable=SC2046
+  python3 -m pip install -q --no-deps $(requirements | grep '# no-deps$' | cut -d' ' -f1) "$@"
+}
+
 system() {
   local packages="libaio-dev git ca-certificates"  # libaio: DeepSpeed's async_io op; git: provenance's commit
   if [ "$platform" = cpu ]; then
@@ -55,15 +63,13 @@ system() {
 
 python_cpu() {
   python3 -m pip install -q "$(grep -E '^torch==' "$P/requirements.txt")"
-  requirements > "$P/requirements.image.txt"
-  python3 -m pip install -q -r "$P/requirements.image.txt"
+  install_requirements
 }
 
 python_gpu() {
   # The base image's torch stays: a constraint pins its exact build, so no requirement can replace it.
   python3 -c 'import torch; print("torch==" + torch.__version__)' > "$P/constraints.txt"
-  requirements > "$P/requirements.image.txt"
-  python3 -m pip install -q -r "$P/requirements.image.txt" -c "$P/constraints.txt"
+  install_requirements -c "$P/constraints.txt"
   # DeepSpeed (the pinned version) with the ops the strategies load compiled now, against this torch
   # (--no-build-isolation), for A100, A10/3090, L4/4090, H100/H200 (PTX for newer; DeepSpeed's op builder cannot
   # parse "9.0a"-style entries) or MI250X / MI300X.

@@ -35,7 +35,10 @@ ops_dir="$(mktemp -d)"
 (cd "$here/.." && python3 -m workflow_scripts.training.build_ops --all --platform cpu --out "$ops_dir" \
    > "$ops_dir/all.log" 2>&1) &
 ops=$!
-python3 -m pip install -q -r "$here/requirements.txt"
+# every pin, those marked `# no-deps` without their declared dependencies (requirements.txt says why)
+python3 -m pip install -q -r <(grep -v '# no-deps$' "$here/requirements.txt")
+# shellcheck disable=SC2046
+python3 -m pip install -q --no-deps $(grep '# no-deps$' "$here/requirements.txt" | cut -d' ' -f1)
 python3 -c "import torch, deepspeed, snakemake; print('torch', torch.__version__, '| deepspeed', deepspeed.__version__)"
 wait "$ops" || true
 cat "$ops_dir/all.log"
