@@ -9,7 +9,8 @@
 
 Everything lives in one temporary directory: a generated slurm.conf (this machine's CPUs and a bit less than its
 memory, partition `debug`, no accounting, proctrack/linuxproc, task/none, cons_tres, MinJobAge=7200 so `squeue`
-still shows the study's finished jobs when its tests come, late in the session), a fresh munge key, free TCP ports, state and spool directories and the daemons' logs.
+still shows the study's finished jobs when its tests come, late in the session), a fresh munge key, free TCP ports,
+state and spool directories and the daemons' logs.
 `munged` runs as the `munge` user (as root with --force where that user does not exist), then `slurmctld` and
 `slurmd` in the foreground, as children of the test process; teardown cancels this cluster's jobs and stops the
 three daemons by their process ids.

@@ -530,8 +530,9 @@ def test_auto_finds_the_built_image_and_a_rebuilt_archive_is_converted_again(tmp
 
 def test_op_sources_compile_against_one_precompiled_header(tmp_path, monkeypatch):
     """build_ops' masquerading c++: with an op of many sources, the first compile builds the header (once, with the
-    object's flags less source, output, depfile and -g) and every compile includes it; an op of few sources, a link
-    and `-v` pass through as given. A STAND-IN compiler records each call and writes what -o names."""
+    object's flags less source, output, depfile and -g) and every compile of a source with torch (itself or through
+    its own header) includes it, one without torch does not; an op of few sources, a link and `-v` pass through as
+    given. A STAND-IN compiler records each call and writes what -o names."""
     from workflow_scripts.training import precompiled_header as ph
 
     calls = tmp_path / "calls.jsonl"
@@ -542,7 +543,15 @@ def test_op_sources_compile_against_one_precompiled_header(tmp_path, monkeypatch
     op = tmp_path / "op"
     op.mkdir()
     monkeypatch.chdir(op)
-    compile_line = "-MMD -MF {0}.o.d -DTORCH_EXTENSION_NAME=op -O3 -g -fPIC -c /src/{0}.cpp -o {0}.o"
+    src = tmp_path / "src"
+    (src / "inc").mkdir(parents=True)
+    (src / "inc/op.h").write_text("#pragma once\n#include <torch/extension.h>\n")
+    (src / "inc/plain.h").write_text("#pragma once\n#include <vector>\n")
+    for name, includes in {"a": "<torch/extension.h>", "b": '"op.h"', "c": "<ATen/ATen.h>", "d": '"plain.h"',
+                           "e": "<op.h>"}.items():
+        (src / f"{name}.cpp").write_text(f"#include <cmath>\n#include {includes}\nint {name}() {{ return 0; }}\n")
+    compile_line = (f"-MMD -MF {{0}}.o.d -DTORCH_EXTENSION_NAME=op -O3 -g -fPIC -I{src / 'inc'} -c {src}/{{0}}.cpp "
+                    "-o {0}.o")
     root = tmp_path / "headers"
 
     def run(argv):
@@ -554,12 +563,13 @@ def test_op_sources_compile_against_one_precompiled_header(tmp_path, monkeypatch
                                     + "build op.so: link a.o b.o\n")
     assert run(compile_line.format("a").split()) == [str(real), *compile_line.format("a").replace(" -g", "").split()]
     (op / "build.ninja").write_text("".join(f"build {s}.o: compile /src/{s}.cpp\n" for s in "abcde"))
-    commands = [run(compile_line.format(s).split()) for s in "abcde"]
-    headers = {c[c.index("-include") + 1] for c in commands}
-    assert len(headers) == 1 and all("-g" not in c for c in commands)
+    commands = {s: run(compile_line.format(s).split()) for s in "abcde"}
+    headers = {c[c.index("-include") + 1] for s, c in commands.items() if s != "d"}
+    assert len(headers) == 1 and all("-g" not in c for c in commands.values())
+    assert commands["d"] == [str(real), *compile_line.format("d").replace(" -g", "").split()]  # no torch: as given
     recorded = [json.loads(line) for line in calls.read_text().splitlines()]
     builds = [c for c in recorded if "c++-header" in c]
-    assert len(builds) == 1 and builds[0][:-5] == "-DTORCH_EXTENSION_NAME=op -O3 -fPIC".split()
+    assert len(builds) == 1 and builds[0][:-5] == f"-DTORCH_EXTENSION_NAME=op -O3 -fPIC -I{src / 'inc'}".split()
     assert ph.compile_command(["-v"], str(real), root) == [str(real), "-v"]
     assert ph.compile_command(["a.o", "-shared", "-o", "op.so"], str(real), root)[1:] == ["a.o", "-shared", "-o",
                                                                                             "op.so"]
