@@ -153,12 +153,13 @@ def test_welch_by_hand():
     assert math.isnan(stats.welch([1.0], b).p)
 
 
-def test_welch_matches_scipy_when_available():
-    sp = pytest.importorskip("scipy.stats")
+def test_welch_matches_scipy():
+    """Our Welch test and t quantile (report/stats.py: the pipeline leaves scipy out) against scipy 1.17.1's
+    ttest_ind(a, b, equal_var=False).pvalue and t.ppf(0.975, 3.7), computed once and written here, so the check
+    runs where scipy is not installed (the suite's environment, envs/setup.sh)."""
     a, b = [3.1, 2.9, 3.4, 3.0, 3.3], [3.6, 3.9, 3.5]
-    ref = sp.ttest_ind(a, b, equal_var=False)
-    assert stats.welch(a, b).p == pytest.approx(ref.pvalue, rel=1e-9)
-    assert stats.t_quantile(0.975, 3.7) == pytest.approx(sp.t.ppf(0.975, 3.7), rel=1e-9)
+    assert stats.welch(a, b).p == pytest.approx(0.02258222702683361, rel=1e-9)
+    assert stats.t_quantile(0.975, 3.7) == pytest.approx(2.8675207071911895, rel=1e-9)
 
 
 def test_compare_verdicts():
