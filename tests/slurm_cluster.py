@@ -298,7 +298,8 @@ class SlurmCluster:
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A started single-node cluster, torn down at the session's end (so the daemons and the /etc/slurm/slurm.conf
-    link never outlive the tests); SLURM_CONF is exported meanwhile."""
+    link never outlive the tests). Its clients get SLURM_CONF from `cluster.env`, passed to each command, so no
+    other test's process sees it."""
     missing = missing_binaries()
     if missing:
         pytest.skip(f"SLURM/munge binaries missing ({', '.join(missing)}): apt-get install slurm-wlm munge "
@@ -313,17 +314,11 @@ def slurm_cluster():
     root = Path(tempfile.mkdtemp(prefix="pipeline-slurm-"))
     root.chmod(0o755)  # munged (as the munge user) must reach its directory inside
     cluster = SlurmCluster(root)
-    saved = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
         shutil.rmtree(root, ignore_errors=True)
 
 

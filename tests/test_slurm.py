@@ -19,6 +19,7 @@ import yaml
 from conftest import copy_workflow, snakemake
 from slurm_cluster import PROFILE, REDUCED, STRATEGIES, reduced_study
 
+
 def run_dirs(wd):
     return sorted((wd / REDUCED["results_dir"] / "runs").glob("*/*/ws*/r*"))
 
