@@ -226,67 +226,47 @@ def machine_row(name: str) -> bool:
     return name.startswith("host_beside[") or "_busbw[" in name
 
 
-RESULTS = Path(__file__).resolve().parents[2] / "results"  # the repository's calibrations: the kinds' medians
+RATES = Path(__file__).with_name("rates")  # the GPU kinds' rate files: <kind>.json
 
 
-@lru_cache(maxsize=None)
-def kind_rows(results: Path) -> tuple:
-    """(GPU name, row name, value) of every host-cost and block-kernel row (kind_row) of every calibration under
-    `results` (the kinds' own, results/calibration/<kind>*/, and every study set's)."""
-    from workflow_scripts import columns as C
-
-    out = []
-    kinds = sorted((results / "calibration").glob("*/calibration.json"))
-    for path in kinds + sorted(results.glob(f"**/{C.CALIBRATION}")):
-        calibration = json.loads(path.read_text())
-        gpu = machine_gpu(calibration)
-        out += [(gpu, r["name"], float(r["value"])) for r in calibration["rows"]
-                if gpu and kind_row(r["name"]) and r["value"] is not None]
-    return tuple(out)
+def kind_rates(gpu: str | None, rates: Path = RATES) -> dict | None:
+    """The rate file (rates/<kind>.json, written by experiments.step_time.rates) of the GPU kind named `gpu`, or
+    None where no file is of that GPU."""
+    for path in sorted(Path(rates).glob("*.json")):
+        record = json.loads(path.read_text())
+        if gpu and machine_gpu(record) == gpu:
+            return record
+    return None
 
 
-def kind_medians(results: Path, device_name: str, every_kind: bool = True) -> dict:
-    """Per host-cost and block-kernel row (kind_row), the median over every calibration under `results` measured on
-    this GPU kind: the host costs of any machine of the kind (machines of one kind launch at 6-10 us, and one
-    machine's own measure does not say how fast its steps run: machine_row). With `every_kind`, a host cost no
-    calibration of the kind measured (a row newer than its calibrations) takes the median over every GPU kind's: it
-    is the host's Python, beside whichever GPU; a per-GPU one (launch_us[i]) never does."""
-    import statistics
-
-    mine: dict = {}
-    every: dict = {}
-    for gpu, name, value in kind_rows(Path(results)):
-        every.setdefault(name, []).append(value)
-        if gpu == device_name:
-            mine.setdefault(name, []).append(value)
-    return {name: statistics.median(mine.get(name) or v) for name, v in every.items()
-            if name in mine or (every_kind and "[" not in name)}
+def rates_file(name: str, rates: Path = RATES) -> Path:
+    """The calibration a plan names: a GPU kind (`h100`: rates/h100.json) or a calibration.json's path."""
+    kind = Path(rates) / f"{name}.json"
+    return kind if "/" not in str(name) and kind.exists() else Path(name)
 
 
-def with_kind_medians(calibration: dict, results: Path) -> dict:
-    """A calibration with its kind's medians (kind_medians) for its host costs and block-kernel paces, and every
-    kind's for those its kind never measured where it has none of its own."""
-    gpu = machine_gpu(calibration)
-    if not gpu:  # a CPU calibration: no host cost of a GPU kind to take
-        return calibration
-    mine, fill = kind_medians(Path(results), gpu, every_kind=False), dict(kind_medians(Path(results), gpu))
-    rows = []
-    for r in calibration["rows"]:
-        value = mine.get(r["name"], r["value"] if r["value"] is not None else fill.get(r["name"]))
-        fill.pop(r["name"], None)
-        rows.append({**r, "value": value})
+def with_medians(calibration: dict, medians: dict) -> dict:
+    """A calibration with `medians` (row name -> value) for its rows of those names, and the rest of them added."""
+    rows = [{**r, "value": medians.get(r["name"], r["value"])} for r in calibration["rows"]]
+    have = {r["name"] for r in rows}
     return {**calibration, "rows": rows + [{"name": k, "value": v, "detail": "the kind's median",
                                             "unit": "GB/s" if k.startswith("memory_block[") else "us"}
-                                           for k, v in sorted(fill.items())]}
+                                           for k, v in sorted(medians.items()) if k not in have]}
 
 
-def load_rates(path, results: Path = RESULTS) -> Rates:
-    """A calibration's rates (Rates.load), its host costs and block-kernel paces those of every calibration of its
-    GPU kind under `results` (with_kind_medians; the repository's, the machine's own among them where its study
-    writes there). So a kind's committed file (results/calibration/<kind>/calibration.json, what plan.calibration
-    names to plan for a kind, and the published and simulated predictions use) stands for any machine of the kind,
-    and a study's rows (report.parse) are predicted as bench.step_time tests them."""
-    return Rates.load(path, lambda calibration: with_kind_medians(calibration, Path(results)))
+def load_rates(path, rates: Path = RATES) -> Rates:
+    """A calibration's rates (Rates.load), its host costs and block-kernel paces (kind_row) those of its GPU kind's
+    rate file (kind_rates: the median over the kind's calibrated machines), its other rows (curves, copies,
+    collectives, host_beside) its own. A calibration of a GPU with no rate file keeps every row of its own; so does a
+    CPU calibration. Reads nothing but `path` and the rate files."""
+    def adjust(calibration: dict) -> dict:
+        kind = kind_rates(machine_gpu(calibration), rates)
+        if kind is None:
+            return calibration
+        return with_medians(calibration, {r["name"]: r["value"] for r in kind["rows"]
+                                          if kind_row(r["name"]) and r["value"] is not None})
+
+    return Rates.load(path, adjust)
 
 
 def at_ranks(points: tuple, ranks: int) -> float:
