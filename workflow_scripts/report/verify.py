@@ -138,7 +138,7 @@ def model_ratio(o, committed: Path, rerun: Path) -> tuple[float, str] | None:
     from workflow_scripts.plan import step_time as st
     from workflow_scripts.report.parse import step_rates
 
-    if bound.on_cpu(o) or not isinstance(o.get("run_dir"), str):  # CPU rows; sets from before the column
+    if bound.on_cpu(o):
         return None
     rates = [step_rates(str(path / C.CALIBRATION), machine_own=True) if (path / C.CALIBRATION).exists() else None
              for path in (committed, rerun)]
