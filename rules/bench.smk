@@ -81,7 +81,7 @@ rule bench_sampler:
 # markers is never touched. BENCHMARKS.md is read and written by the same job, so it cannot be the output (a cycle):
 # it is an input beside the CSVs its markers name (benchmarks_md.inputs parses them), and the output is a stamp, so
 # editing a marker or a committed table reruns the job. `python -m workflow_scripts.bench.benchmarks_md --check`
-# writes nothing and fails with a diff when BENCHMARKS.md is out of date (tests/test_bench.py runs it).
+# writes nothing and fails with a diff when BENCHMARKS.md is out of date (tests/test_data_sets.py runs it).
 rule benchmarks_md:
     input:
         md=benchmarks_md.DEFAULT_FILE,

@@ -3,7 +3,7 @@ study's Qwen2.5-3B ran 2.5-2.7 s a step as dp1-tp2 and 0.93 s as dp2 on two H200
 the tp2 step outside any kernel, 0.2-0.3 s of the dp2 one), and tp_host measures DTensor's dispatch of a lone pair of
 linears at 1.1 ms a linear on two ranks, a third of that gap.
 
-    python -m workflow_scripts.bench.tp_step --rounds 5 --layers 4 --out results/bench_harness/<set>
+    python -m experiments.tensor_parallel.tp_step --rounds 5 --layers 4 --out DIR
 
 One torchrun of two processes on one node (gloo on CPU; `--ranks 1`: one process, where both layouts are a one-rank
 mesh and tp2 - dp2 is the split block's DTensor dispatch alone, to set beside tp_host's lone pair at one rank). The
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.bench import rounds
+from experiments import rounds
 
 LAYOUTS = ("dp2", "tp2")
 PHASES = ("forward", "backward", "clip", "optimizer")

@@ -2,7 +2,7 @@
 The calibration's `tp_linear_us` is measured on a one-rank mesh; the parallelism study's eager tp2 rows ran 2.5-2.7 s
 a step where the model, at that cost, says 1.5 s (BENCHMARKS.md caveats).
 
-    python -m workflow_scripts.bench.tp_host --rounds 5 --ranks 1,2 --out results/bench_harness/<set>
+    python -m experiments.tensor_parallel.tp_host --rounds 5 --ranks 1,2 --out DIR
 
 Per rank count, one torchrun of that many processes on one node, each timing, interleaved within a round, forward and
 backward of `measure.calibrate`'s host-bound pair of linears (HOST_WIDTH -> 4 x HOST_WIDTH -> HOST_WIDTH over
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.bench import rounds
+from experiments import rounds
 
 VARIANTS = ("plain", "tp", "fsdp", "fsdp_tp")
 EXTRAS = (("tp", "plain"), ("fsdp_tp", "fsdp"), ("fsdp_tp", "plain"))

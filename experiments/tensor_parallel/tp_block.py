@@ -2,7 +2,7 @@
 same machine: the two shares the step-time model prices eager tensor parallelism with (plan/step_time.py's
 TP_BLOCK_SHARE and TP_CLIP_PAIRS, in units of the calibrated `tp_linear_us_ranks[n]`).
 
-    python -m workflow_scripts.bench.tp_block --rounds 3 --ranks 1,2 --out results/bench_harness/<set>
+    python -m experiments.tensor_parallel.tp_block --rounds 3 --ranks 1,2 --out DIR
 
 Per outer round, for each rank count: tp_step (transformers' Qwen2 at Qwen2.5-3B's widths, 4 layers, dp-N against
 dp1-tpN, one round of both layouts) and tp_host (the lone ColwiseParallel + RowwiseParallel pair, 2 rounds), each in
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.bench import rounds, tp_host, tp_step
+from experiments import rounds
+from experiments.tensor_parallel import tp_host, tp_step
 from workflow_scripts.training.parallel.tensor import BLOCK_PLAN
 
 LAYERS = 4

@@ -1,7 +1,7 @@
 """Do steps run slower once torch.profiler has traced a window of them? The steps before and after a window, against
 a process that never profiles, on one GPU.
 
-    python -m workflow_scripts.bench.profiler_aftereffect --rounds 3 --out results/bench_harness/<set>
+    python -m experiments.step_overheads.profiler_aftereffect --rounds 3 --out DIR
 
 Kineto leaves CUPTI subscribed when a trace ends unless TEARDOWN_CUPTI=1 (pytorch/pytorch#144455), which would slow
 every later launch: a run whose timed steps follow its profile window would then time the profiler's after-effect.
@@ -31,7 +31,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from workflow_scripts.bench import rounds
+from experiments import rounds
 
 VARIANTS = ("off", "window", "window_teardown")
 BEFORE, WINDOW, AFTER = range(5, 15), range(15, 19), range(20, 60)  # 0-based steps
@@ -39,7 +39,7 @@ BEFORE, WINDOW, AFTER = range(5, 15), range(15, 19), range(20, 60)  # 0-based st
 
 def steps(variant: str, micro_batch: int, wrap=None, blocks: bool = False) -> dict:
     """One process: its blocks' seconds a step (the child's side); `wrap(model)` returns the module that runs the
-    forward (bench/ddp_wrapper: DistributedDataParallel); `blocks` compiles each block first, as the harness's
+    forward (ddp_wrapper: DistributedDataParallel); `blocks` compiles each block first, as the harness's
     compiled-blocks lever does (training/strategies/engine.compile_blocks)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel

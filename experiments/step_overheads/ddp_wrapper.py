@@ -1,14 +1,14 @@
 """What does DistributedDataParallel's wrapper cost a host-bound step, apart from any communication? The same model
 unwrapped and under DDP over a one-rank process group, on one GPU.
 
-    python -m workflow_scripts.bench.ddp_wrapper --rounds 4 --out results/bench_harness/<set>
+    python -m experiments.step_overheads.ddp_wrapper --rounds 4 --out DIR
 
 A one-GPU run of the harness trains its model unwrapped (training/strategies/_ddp_engine: one rank's all-reduce is
 the identity), a run of several ranks under DDP; on a 2 x H200 machine the two-GPU step of eager GPT-2-medium ran
-26-33 % slower than the one-GPU step (results/scaling/h200x2-repeats), which the step-time model does not price.
+26-33 % slower than the one-GPU step, which the step-time model does not price.
 Over one rank DDP still registers its per-parameter hooks, fills its buckets and all-reduces them (a one-rank NCCL
 all-reduce: a copy), so the difference between the two variants here is the wrapper's own cost on this machine.
-Each variant is its own process, interleaved within a round (the order alternates); the step is bench/
+Each variant is its own process, interleaved within a round (the order alternates); the step is
 profiler_aftereffect's (eager GPT-2-medium, bf16 autocast, fused AdamW, clipping, no profiler), the mean of its 40
 steps after the first 20. Writes ddp_wrapper.csv and ddp_wrapper.md: each variant's step, mean and 95% CI, and the
 ratio ddp / plain paired within a round.
@@ -16,8 +16,8 @@ ratio ddp / plain paired within a round.
 `--blocks` compiles each of the model's blocks first (the harness's compiled-blocks lever, a host-bound step) and adds
 a third variant, `ddp_one_bucket`: DDP with one bucket of the whole model (`bucket_cap_mb` 10,000). torch.compile
 under DDP splits a compiled region at the bucket boundaries (dynamo's DDPOptimizer), so ddp against ddp_one_bucket
-is the cost of those splits, and ddp_one_bucket against plain the cost of DDP's per-parameter hooks and bucket copies
-(results/scaling/h200x2-ddp-traces: where DDP's two-GPU compiled step loses its time).
+is the cost of those splits, and ddp_one_bucket against plain the cost of DDP's per-parameter hooks and bucket copies (where DDP's
+two-GPU compiled step loses its time).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.bench import rounds
+from experiments import rounds
 
 VARIANTS = ("plain", "ddp")
 BLOCK_VARIANTS = VARIANTS + ("ddp_one_bucket",)
@@ -39,7 +39,7 @@ RATIOS = (("ddp", "plain"), ("ddp_one_bucket", "plain"), ("ddp", "ddp_one_bucket
 
 def measure(variant: str, micro_batch: int, blocks: bool = False) -> dict:
     """One process (the child's side)."""
-    from workflow_scripts.bench.profiler_aftereffect import steps
+    from experiments.step_overheads.profiler_aftereffect import steps
 
     def ddp(model):
         import torch

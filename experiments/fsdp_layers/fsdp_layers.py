@@ -3,12 +3,12 @@ and on several, and unwrapped on one: the host's and the step's time per layer o
 step-time model prices with its fitted launches per layer (plan/step_time.py HOST_OPS[levers], + HOOK_OPS["fsdp"]
 under FSDP2) at the calibrated launch cost.
 
-    python -m workflow_scripts.bench.fsdp_layers --rounds 3 --ranks 1,2 --out results/bench_harness/<set>
-    python -m workflow_scripts.bench.fsdp_layers --ranks 1 --families qwen2,gpt2 --wraps fsdp,none --out ...
+    python -m experiments.fsdp_layers.fsdp_layers --rounds 3 --ranks 1,2 --out DIR
+    python -m experiments.fsdp_layers.fsdp_layers --ranks 1 --families qwen2,gpt2 --wraps fsdp,none --out ...
 
 The parallelism study's Qwen2.5-3B under FSDP2 on two and four H200 was predicted 12-29 % fast eager and 15-33 %
-slow with its blocks compiled (results/step_time): both host-bound, so the model's host per layer is off in opposite
-directions. Families: `qwen2`, bench/tp_step's model (transformers' Qwen2 at Qwen2.5-3B's widths), and `gpt2`
+slow with its blocks compiled: both host-bound, so the model's host per layer is off in opposite
+directions. Families: `qwen2`, tensor_parallel/tp_step's model (transformers' Qwen2 at Qwen2.5-3B's widths), and `gpt2`
 (GPT-2 at GPT-2-medium's widths), both with a 1,024-token vocabulary, at the study's micro-batch of 2 x 1,024 tokens
 a rank; wraps: `fsdp` (bf16 parameters and fp32 reductions, per block and at the root, over every rank) and `none`
 (one rank, fp32 parameters under bf16 autocast: the harness's one-rank DDP run, unwrapped; GPT-2 only). Each layer
@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from workflow_scripts.bench import rounds, tp_step
+from experiments import rounds
+from experiments.tensor_parallel import tp_step
 
 LEVERS = ("eager", "blocks")
 FAMILIES = ("qwen2", "gpt2")
@@ -42,7 +43,7 @@ WRAPS = ("fsdp", "none")
 
 
 def model_of(family: str, wrap: str, layers: int, device, compiled: bool):
-    """The family's model with `layers` layers on this rank: Qwen2 at Qwen2.5-3B's widths (bench/tp_step) or GPT-2 at
+    """The family's model with `layers` layers on this rank: Qwen2 at Qwen2.5-3B's widths (tensor_parallel/tp_step) or GPT-2 at
     GPT-2-medium's (hidden 1,024, 16 heads), a 1,024-token vocabulary; each block compiled first where `compiled`;
     sharded by FSDP2 per block and at the root over every rank (`fsdp`, bf16 parameters, fp32 reductions) or left
     unwrapped (`none`: one rank, as the harness runs a one-rank DDP run)."""

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One run as two "nodes" on one multi-GPU host: two launchers (workflow_scripts.job.launch), one GPU each, a
 # c10d rendezvous on localhost. DeepSpeed then sees world size / device_count() = 2 and takes its multi-node code
-# paths, e.g. ZeRO++'s quantized gradient all-to-all (qgZ), which a single node never runs (STUDY.md).
-#   bash tools/two_agents.sh SPEC.json OUT_DIR WORK_DIR
+# paths, e.g. ZeRO++'s quantized gradient all-to-all (qgZ), which a single node never runs (README.md here).
+#   bash experiments/two_nodes/two_agents.sh SPEC.json OUT_DIR WORK_DIR
 # SPEC.json: a run spec (e.g. a study's runs/<model>/<strategy>/<layout>/r0/run_spec.json); its nodes become 2 and
 # its out_dir / work_dir the given ones. Needs the spec's data and op files in place (run the study's data and
 # build_op targets first).

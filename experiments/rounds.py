@@ -1,5 +1,5 @@
-"""What the benchmarks of one process per variant share (bench/profiler_aftereffect, ddp_wrapper, ddp_two_ranks,
-host_contention, tp_host): the variants' order within a round, a child process's answer, a table of steps and their paired
+"""What the benchmarks of one process per variant share (step_overheads/,
+tensor_parallel/, fsdp_layers/): the variants' order within a round, a child process's answer, a table of steps and their paired
 ratios, and the rounds written beside their summary."""
 from __future__ import annotations
 

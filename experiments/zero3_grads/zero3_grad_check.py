@@ -1,26 +1,24 @@
 """ZeRO-3's gradients with its blocks as leaf modules, eager and compiled, or its whole model compiled, against plain
 ZeRO-3 (one process).
 
-    python tools/zero3_grad_check.py --model vit-huge-14 --precision bf16-mixed --steps 4 [--out check.json]
+    python -m experiments.zero3_grads.zero3_grad_check --model vit-huge-14 --precision bf16-mixed --steps 4 \
+        [--out check.json]
 
 Each variant builds the model from one seed, wraps it in a DeepSpeed ZeRO-3 engine (stage 3, the precision's
 section as the strategies write it: bf16-mixed -> torch_autocast, bf16-pure -> bf16), runs the same batches and
 records the loss of every step, the full gradient of every parameter after the first backward
 (deepspeed.utils.safe_get_full_grad) and, for leaf modules, how many parameters DeepSpeed's leaf hook found without a
-gradient (it reduces zeros for those). The gradients are compared with the first variant's. Not a pipeline stage:
-it found why ZeRO-3 with compiled blocks followed another loss trajectory on a GPU (DeepSpeed's memory-efficient
-linear traced into the blocks; results/vit/h100-zero3-grad-check/README.md).
+gradient (it reduces zeros for those). The gradients are compared with the first variant's. Not a pipeline stage: it
+found why ZeRO-3 with compiled blocks followed another loss trajectory on a GPU (DeepSpeed's memory-efficient
+linear traced into the blocks; README.md here).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 VARIANTS = {  # name: (leaf modules, compiled: blocks (True, "fullgraph") or "engine", memory_efficient_linear)
     "zero3": (False, False, True),
