@@ -169,6 +169,57 @@ def test_verify_fails_on_every_kind_of_difference(default_study, tmp_path):
     assert verify.check(tmp_path / "out2/reproduction.csv") == 0
 
 
+def test_code_state_names_exactly_the_modules_that_differ(tmp_path):
+    """Two copies of a project's executed code, one module edited and one added: the whole hash differs and
+    changed_modules lists those two paths, nothing else; identical copies hash alike and list nothing."""
+    from workflow_scripts.measure import provenance
+
+    for tree in ("a", "b"):
+        for rel, text in (("workflow_scripts/training/loop.py", "x = 1\n"),
+                          ("workflow_scripts/training/strategies/_ddp_engine.py", "wrapped = True\n"),
+                          ("workflow_scripts/job/launch.py", "y = 2\n")):
+            (tmp_path / tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / tree / rel).write_text(text)
+    same = provenance.code_state(tmp_path / "a"), provenance.code_state(tmp_path / "b")
+    assert same[0] == same[1] and provenance.changed_modules(*same) == []
+    (tmp_path / "b/workflow_scripts/training/strategies/_ddp_engine.py").write_text("wrapped = world_size > 1\n")
+    (tmp_path / "b/workflow_scripts/training/new.py").write_text("")
+    old, new = provenance.code_state(tmp_path / "a"), provenance.code_state(tmp_path / "b")
+    assert old["hash"] != new["hash"]
+    assert provenance.changed_modules(old, new) == ["workflow_scripts/training/new.py",
+                                                    "workflow_scripts/training/strategies/_ddp_engine.py"]
+    assert provenance.changed_modules(None, new) is None  # a run that recorded no code: unknown, not "same"
+
+
+def test_verify_names_a_changed_module_as_settings_changed(default_study, tmp_path):
+    """A committed copy whose one run recorded another hash for the DDP engine: that row reads settings-changed,
+    naming the pipeline's commits and the module; the rows whose recorded code is the same still reproduce."""
+    import json
+
+    import pandas as pd
+
+    from workflow_scripts.report import verify
+
+    rerun = default_study / "results/default"
+    runs = pd.read_csv(rerun / "tables/runs.csv")
+    ok = runs[runs.status == "ok"].strategy.tolist()
+    model, strategy = runs.model[0], ok[0]
+    committed = committed_copy(rerun, tmp_path / "older")
+    path = committed / f"runs/{model}/{strategy}/ws2/r0/provenance.json"
+    recorded = json.loads(path.read_text())
+    engine = "workflow_scripts/training/strategies/_ddp_engine.py"
+    assert engine in recorded["code"]["modules"]  # every run records the code it executed
+    recorded["code"]["modules"][engine] = "0" * 12
+    recorded["git"]["commit"] = "a1b2c3d" + "0" * 33
+    path.write_text(json.dumps(recorded))
+    table = verify.compare(rerun, committed).set_index("strategy")
+    commit = (json.loads((rerun / f"runs/{model}/{strategy}/ws2/r0/provenance.json").read_text())["git"]["commit"]
+              or "unknown")[:7]
+    assert table.loc[strategy, "verdict"] == "settings-changed"
+    assert table.loc[strategy, "why"] == f"pipeline: a1b2c3d -> {commit}, changed: training/strategies/_ddp_engine.py"
+    assert (table.loc[ok[1:], "verdict"] == "reproduced").all()
+
+
 def test_verify_target_reruns_when_the_committed_set_changes_and_fails(default_study, tmp_path):
     """`snakemake verify` against an unedited copy passes without retraining anything (the replayed decisions
     equal the study's); after the committed runs.csv is edited it compares again and exits non-zero, the

@@ -1,4 +1,4 @@
-"""Where a number came from: code version, config, packages, devices, the machine (measure/machine.py: driver,
+"""Where a number came from: code version (the commit and a hash of every module the run executed), config, packages, devices, the machine (measure/machine.py: driver,
 CUDA runtime, NCCL, topology, clocks, power limits, CPU model), host, container (measure/container.py: the
 image's digest and recipe commit), scheduler, times.
 
@@ -47,6 +47,44 @@ def git_state(project: Path = PROJECT) -> dict:
     return {"commit": commit or None, "dirty": dirty if commit else None}
 
 
+# the code a training run executes: the job and the ranks' package (the loop, strategies, engines, parallel
+# dimensions); a change to any of these files can change a run's numbers
+EXECUTED = ("workflow_scripts/job", "workflow_scripts/training")
+
+
+def code_state(project: Path = PROJECT) -> dict:
+    """The code a run executed: each module's SHA-256 (12 hex digits, path relative to the project) and one hash
+    over them all, so that two runs name the modules that differ between them whatever git says."""
+    modules = {}
+    for folder in EXECUTED:
+        for path in sorted((project / folder).rglob("*.py")):
+            modules[path.relative_to(project).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    whole = hashlib.sha256(json.dumps(modules, sort_keys=True).encode()).hexdigest()[:16]
+    return {"hash": whole, "modules": modules}
+
+
+def changed_modules(old: dict | None, new: dict | None) -> list[str] | None:
+    """The modules whose code differs between two runs' code_state (added or removed ones too); None where either
+    run recorded none."""
+    if not (old and new and "modules" in old and "modules" in new):
+        return None
+    a, b = old["modules"], new["modules"]
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def changed_between(old: str, new: str, project: Path = PROJECT) -> list[str] | None:
+    """The executed modules (EXECUTED) that git says differ between two commits; None where this checkout lacks
+    either commit or git does not run."""
+    try:
+        out = subprocess.run(["git", "diff", "--name-only", old, new, "--", *EXECUTED], cwd=project,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return sorted(line for line in out.stdout.splitlines() if line.endswith(".py"))
+
+
 def config_hash(cfg: dict) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -89,6 +127,7 @@ def collect(run_cfg: dict, start: float, end: float, study_cfg_hash: str | None 
     """The run's provenance; `measured`: torch_facts() as rank 0 read them (read here without)."""
     return {
         "git": git_state(),
+        "code": code_state(),
         "config_hash": study_cfg_hash or config_hash(run_cfg),
         "run_config_hash": config_hash(run_cfg),
         "packages": package_versions(),

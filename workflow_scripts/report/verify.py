@@ -45,6 +45,7 @@ import pandas as pd
 
 from workflow_scripts import columns as C
 from workflow_scripts import replay, schema
+from workflow_scripts.measure import provenance
 from workflow_scripts.plan import bound
 from workflow_scripts.report.stats import within
 from workflow_scripts.report.tables import with_layout
@@ -178,6 +179,27 @@ def judge(m: dict, predicted: float | None, what_bounds: str, tol: dict) -> tupl
     return "differs-unexplained", ", ".join(off + ([] if speed_ok else ["throughput"]))
 
 
+def pipeline_change(committed: Path, rerun: Path, key) -> str | None:
+    """What changed in the code between the committed run and the rerun: `pipeline: <commit> -> <commit>, changed:
+    <modules>` from the modules' hashes both runs recorded (provenance.code_state), else from git between the two
+    recorded commits where this checkout has both, else the commits alone; None where the executed code is the
+    same."""
+    found = [replay.run_dir(path, *key) / C.PROVENANCE for path in (committed, rerun)]
+    old, new = (json.loads(f.read_text()) if f.exists() else {} for f in found)
+    commits = [((p.get("git") or {}).get("commit") or "unknown")[:7] for p in (old, new)]
+    head = f"pipeline: {commits[0]} -> {commits[1]}"
+    changed = provenance.changed_modules(old.get("code"), new.get("code"))
+    if changed is None and "unknown" not in commits and commits[0] != commits[1]:
+        changed = provenance.changed_between(old["git"]["commit"], new["git"]["commit"])
+    if changed is None:
+        return None if commits[0] == commits[1] else f"{head} (the modules that changed are not recorded)"
+    if not changed:
+        return None
+    shown = [m.removeprefix("workflow_scripts/") for m in changed]
+    more = f" and {len(shown) - 6} more" if len(shown) > 6 else ""
+    return f"{head}, changed: {', '.join(shown[:6])}{more}"
+
+
 def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committed: Path, cals, tol,
                 spreads: dict) -> dict:
     out = dict(zip(KEYS, key))
@@ -185,6 +207,8 @@ def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committe
         return {**out, "verdict": "missing", "why": f"only in the {'rerun' if key in new.index else 'committed set'}"}
     n, o = new.loc[key], old.loc[key]
     changed = replay.settings_diff(replay.run_settings(committed, *key), replay.run_settings(rerun, *key))
+    code = pipeline_change(committed, rerun, key)
+    changed += [code] if code else []
     m = measures(n, o) if n["status"] == o["status"] == C.OK else {}
     if m and all(cals):
         m["calibration_ratio"], m["bound"] = model_ratio(o, committed, rerun) or bound.predicted_ratio(o, *cals)
