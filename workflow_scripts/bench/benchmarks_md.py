@@ -1,16 +1,20 @@
-"""BENCHMARKS.md's result tables, written from the committed benchmark sets (rule `benchmarks_md`):
+"""The generated tables of the dated benchmark reports (benchmarks/*.md), written from the committed benchmark sets:
 
-    python -m workflow_scripts.bench.benchmarks_md --file BENCHMARKS.md --results results/bench_harness [--check]
+    python -m workflow_scripts.bench.benchmarks_md [--check] [--file benchmarks/<report>.md ...] [--results results/bench_harness]
 
-Every region of the markdown file between an opening marker and a closing one,
+Run by hand after a benchmark set changes (and by the committed-data test with `--check`); nothing in the pipeline
+calls it. Without `--file` it reads every report under benchmarks/. Every region of a report between an opening
+marker and a closing one,
 
     <!-- bench-table sets="h100-regimes-mb4,h100-regimes-mb16" table="compare" -->
     (anything: replaced)
     <!-- /bench-table -->
 
 is rewritten in place with a table made from the named sets' CSVs under the results root
-(`<results>/<set>/bench/...`), one set after the other in the order named; the markers stay and text outside them
-is never touched, so a second run changes nothing. Two kinds of table:
+(`<results>/<set>/bench/...`; a set written `<set>/<part>` reads `<results>/<set>/bench/<part>/...`, a second
+command's rows kept beside the first's), one set after the other in the order named; the markers stay and text
+outside them is never touched, so a second run changes nothing. Reports of sets no longer in the tree carry their
+tables as plain text, without markers. Two kinds of table:
 
 - `compare`, from `harness_vs_trainer.csv` (rule bench_compare): one row per set and strategy, ours against the
   Trainer's fastest setting, mean ± 95 % CI (MFU), their ratio, whether the CIs are apart, ours over the ceiling; the
@@ -20,9 +24,9 @@ is never touched, so a second run changes nothing. Two kinds of table:
   t, workflow_scripts.report.stats) over `levers_rounds.csv` where the set has one, the ratio to the set's first
   row, MFU, median step, torch peak and final loss (means over the rounds).
 
-A region naming a missing set or CSV is an error naming both, and nothing is written. `--check` writes nothing and
-exits 1 with a unified diff when the file is not what the committed results give (tests/test_bench.py runs it
-against BENCHMARKS.md). Standard library and pandas only (no torch).
+A region naming a missing set or CSV is an error naming the report, the set and the file, and nothing is written.
+`--check` writes nothing and exits 1 with a unified diff for every report that is not what the committed results
+give. Standard library and pandas only (no torch).
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ import pandas as pd
 from workflow_scripts import columns as C
 from workflow_scripts.report.stats import mean_ci
 
-DEFAULT_FILE = "BENCHMARKS.md"
+REPORTS = "benchmarks"  # the dated reports, relative to the repository root
+DEFAULT_FILE = "BENCHMARKS.md"  # the index: no generated table (read by rules/bench.smk until that rule goes)
 DEFAULT_RESULTS = "results/bench_harness"
 CEILING = "ceiling"  # bench/harness.py's runner and strategy name of the ceiling's rows (not imported: torch)
 CSV = {"compare": "harness_vs_trainer.csv", "levers": "levers.csv"}  # table kind -> its file under <set>/bench/
@@ -80,7 +85,7 @@ def _attributes(raw: str, where: str) -> dict:
     return attrs
 
 
-def regions(text: str, name: str = DEFAULT_FILE) -> list[Region]:
+def regions(text: str, name: str = "report") -> list[Region]:
     """The marked regions of a markdown text, in order; unpaired or nested markers are an error."""
     out, opening = [], None
     for m in MARKER.finditer(text):
@@ -104,26 +109,38 @@ def regions(text: str, name: str = DEFAULT_FILE) -> list[Region]:
     return out
 
 
-def marked_sets(file: str | Path = DEFAULT_FILE) -> list[tuple[str, str]]:
-    """(set, table kind) of every region of the file, in order, without repeats."""
-    path = Path(file)
-    found = [(s, r.table) for r in regions(path.read_text(), str(path)) for s in r.sets]
+def report_files(root: str | Path = ".") -> list[Path]:
+    """Every dated report under <root>/benchmarks, in name order (the date first, so in time order)."""
+    return sorted((Path(root) / REPORTS).glob("*.md"))
+
+
+def as_files(files) -> list[Path]:
+    """One path or several as a list of paths; None: every report of the working directory."""
+    if files is None:
+        return report_files()
+    return [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
+
+
+def marked_sets(files=None) -> list[tuple[str, str]]:
+    """(set, table kind) of every region of the reports, in order, without repeats."""
+    found = [(s, r.table) for path in as_files(files) for r in regions(path.read_text(), str(path)) for s in r.sets]
     return list(dict.fromkeys(found))
 
 
-def inputs(file: str | Path = DEFAULT_FILE, results: str | Path = DEFAULT_RESULTS) -> list[str]:
-    """The CSVs the file's regions read (rule benchmarks_md's input): each set's table and its rounds file where
-    one is committed."""
+def inputs(files=None, results: str | Path = DEFAULT_RESULTS) -> list[str]:
+    """The CSVs the reports' regions read: each set's table and its rounds file where one is committed."""
     out = []
-    for name, table in marked_sets(file):
+    for name, table in marked_sets(files):
         csv, rounds = set_files(Path(results), name, table)
         out += [str(csv)] + ([str(rounds)] if rounds.exists() else [])
     return out
 
 
 def set_files(results: Path, name: str, table: str) -> tuple[Path, Path]:
-    """A set's table of this kind and its rounds file (which may not exist)."""
-    csv = results / name / "bench" / CSV[table]
+    """A set's table of this kind and its rounds file (which may not exist); `<set>/<part>` reads the part's folder
+    under the set's bench/."""
+    folder, _, part = name.partition("/")
+    csv = results / folder / "bench" / part / CSV[table] if part else results / folder / "bench" / CSV[table]
     return csv, csv.with_name(csv.stem + "_rounds.csv")
 
 
@@ -132,7 +149,7 @@ def read_csv(results: Path, name: str, table: str, where: str) -> tuple[pd.DataF
     """The set's table and its rounds file (None where there is none)."""
     csv, rounds = set_files(results, name, table)
     if not csv.is_file():
-        missing = "the set" if not (results / name).is_dir() else "its table"
+        missing = "the set" if not (results / name.partition("/")[0]).is_dir() else "its table"
         raise BenchTableError(f"{where}: set '{name}': {csv} not found ({missing} is missing under {results})")
     return pd.read_csv(csv), (pd.read_csv(rounds) if rounds.is_file() else None)
 
@@ -279,15 +296,15 @@ def render(region: Region, results: Path) -> str:
     rows = []
     for name in region.sets:
         df, rounds = read_csv(results, name, region.table, region.line)
+        csv = set_files(results, name, region.table)[0]
         try:
-            bench = results / name / "bench"
-            rows += compare_rows(name, df, bench) if region.table == "compare" else levers_rows(name, df, rounds)
+            rows += compare_rows(name, df, csv.parent) if region.table == "compare" else levers_rows(name, df, rounds)
         except BenchTableError as e:
-            raise BenchTableError(f"{region.line}: set '{name}': {bench / CSV[region.table]}: {e}") from None
+            raise BenchTableError(f"{region.line}: set '{name}': {csv}: {e}") from None
     return markdown(COMPARE_HEADER if region.table == "compare" else LEVERS_HEADER, rows)
 
 
-def rewrite(text: str, results: str | Path, name: str = DEFAULT_FILE) -> str:
+def rewrite(text: str, results: str | Path, name: str = "report") -> str:
     """The text with every marked region's body replaced by its table (blank lines around it)."""
     out, pos = [], 0
     for region in regions(text, name):
@@ -298,28 +315,38 @@ def rewrite(text: str, results: str | Path, name: str = DEFAULT_FILE) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--file", default=DEFAULT_FILE, help="the markdown file to rewrite in place")
+    ap.add_argument("--file", action="append", default=None,
+                    help=f"a report to rewrite in place (repeatable; default: every {REPORTS}/*.md)")
     ap.add_argument("--results", default=DEFAULT_RESULTS, help="the folder holding the benchmark sets")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff when out of date")
     a = ap.parse_args(argv)
-    path = Path(a.file)
-    old = path.read_text()
-    try:
-        new = rewrite(old, a.results, str(path))
-    except BenchTableError as e:
-        print(f"benchmarks_md: error: {e}", file=sys.stderr)
+    paths = as_files(a.file)
+    if not paths:
+        print(f"benchmarks_md: error: no report under {Path(REPORTS).resolve()}", file=sys.stderr)
         return 2
-    if new == old:
-        print(f"{path}: up to date ({len(regions(old, str(path)))} generated tables)")
+    new = {}
+    for path in paths:
+        try:
+            new[path] = rewrite(path.read_text(), a.results, str(path))
+        except (BenchTableError, OSError) as e:
+            print(f"benchmarks_md: error: {e}", file=sys.stderr)
+            return 2
+    stale = [path for path in paths if new[path] != path.read_text()]
+    tables = sum(len(regions(new[path], str(path))) for path in paths)
+    if not stale:
+        print(f"{len(paths)} reports up to date ({tables} generated tables from {a.results})")
         return 0
     if a.check:
-        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                                   f"{path} (committed)", f"{path} (from {a.results})"))
-        print(f"{path}: not up to date with {a.results}: python -m workflow_scripts.bench.benchmarks_md "
-              f"--file {path} --results {a.results}", file=sys.stderr)
+        for path in stale:
+            sys.stdout.writelines(difflib.unified_diff(path.read_text().splitlines(True), new[path].splitlines(True),
+                                                       f"{path} (committed)", f"{path} (from {a.results})"))
+        names = " ".join(f"--file {path}" for path in stale)
+        print(f"{len(stale)} reports not up to date with {a.results}: python -m workflow_scripts.bench.benchmarks_md "
+              f"{names} --results {a.results}", file=sys.stderr)
         return 1
-    path.write_text(new)
-    print(f"{path}: rewrote its generated tables from {a.results}")
+    for path in stale:
+        path.write_text(new[path])
+        print(f"{path}: rewrote its generated tables from {a.results}")
     return 0
 
 
