@@ -1,12 +1,20 @@
-# Before anything runs (not part of `all`; needs no data and no GPU): `plan`, what fits on the study's GPU counts
-# (the analytic memory model, workflow_scripts/plan/planner.py), ranked by the step-time model where
-# plan.calibration names a calibration; `scale`, the study at the GPU counts and on the network of plan.scale
-# (workflow_scripts/plan/scale.py: every layout that fits, simulated; its figure: report/scale_figure.py).
+# Before anything runs (not part of `all`; needs no data, no GPU and no network): `plan`, what fits on the plan's
+# GPU counts (the analytic memory model, workflow_scripts/plan/planner.py), printed, and ranked by the step-time
+# model where plan.calibration names a GPU kind (its rate file, workflow_scripts/plan/rates/) or a calibration;
+# `scale`, the study at the GPU counts and on the network of plan.scale (workflow_scripts/plan/scale.py: every
+# layout that fits, simulated; its figure: report/scale_figure.py).
+from workflow_scripts.plan.step_time import rates_file
+
+
+def plan_calibration(wildcards):
+    """The calibration file plan.calibration names (a GPU kind's rate file, or a path), or none."""
+    name = config["plan"].get("calibration")
+    return str(rates_file(name)) if name else []
 
 
 rule plan:
     input:
-        calibration=lambda w: config["plan"].get("calibration") or [],
+        calibration=plan_calibration,
     output:
         csv=f"{R}/plan/plan.csv",
         md=f"{R}/plan/plan.md",
@@ -19,12 +27,12 @@ rule plan:
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.plan.planner --config-json {params.config:q} --out-dir {params.out:q} "
-        "> {log} 2>&1"
+        "> {log} 2>&1 && cat {output.md:q}"
 
 
 rule scale:
     input:
-        calibration=lambda w: config["plan"].get("calibration") or [],
+        calibration=plan_calibration,
     output:
         csv=f"{R}/plan/scale.csv",
         md=f"{R}/plan/scale.md",

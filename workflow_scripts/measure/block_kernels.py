@@ -2,13 +2,14 @@
 GB/s): the step-time model prices that work as bytes at the device copy's bandwidth, but a block's norm and
 activation kernels do not all run at the copy's bandwidth, and not in the same proportion on every GPU. On an H200
 the aten LayerNorm ran at the H100's pace (1,645 against 1,624 GB/s at 32 MB), GELU 1.17x and an add 1.40x faster,
-where the 1 GiB copy is 1.49x faster (results/bench_harness/h200-device-pace, h100-device-pace).
+where the 1 GiB copy is 1.49x faster.
 
 Each block's work runs forward and backward on MEMORY_TOKENS tokens, as the block's eager modules run it and as
 torch.compile fuses it, replayed from a CUDA graph: its bytes (each input and output tensor once, forward; twice that
 backward) per second: stable where the copy is not (2,692-2,696 GB/s for LayerNorm + GELU on three commands on two
 H100 machines whose 1 GiB copies measured 2,792-2,954). The step-time model moves its memory bytes at the fitted
-machine's copy bandwidth times this pace over the fitted machine's (plan/step_time.memory_rate).
+machine's copy bandwidth times this pace over the fitted machine's (plan/step_time.memory_rate). This module
+describes the work (block_work); measure/calibrate.py times it (block_rows).
 """
 from __future__ import annotations
 
@@ -54,35 +55,3 @@ def block_work(block: str, device: str = "cuda", tokens: int = MEMORY_TOKENS):
         # read x, r, gate, up, q, k; wrote the norm, q and k rotated, the activation, the sum
         tensors = 4 * d + 3 * f + 2 * (d + KV_WIDTH)
     return work, inputs, 3 * tokens * tensors * 2
-
-
-def pace(block: str, levers: str, rounds: int) -> float:
-    """GB/s of one block's work (block_work), forward and backward, eager or compiled, replayed from a CUDA graph."""
-    import torch
-
-    from workflow_scripts.measure.calibrate import replayed_rate
-    from workflow_scripts.units import GB
-
-    work, inputs, nbytes = block_work(block)
-    if levers == "compiled":
-        work = torch.compile(work)
-    grads = [torch.randn_like(t) for t in work(*inputs)]
-
-    def body():
-        torch.autograd.grad(work(*inputs), inputs, grads)
-
-    return replayed_rate(body, nbytes, rounds) / GB
-
-
-def block_rows(rounds: int) -> list[dict]:
-    """memory_block[<block>,<levers>] of GPU 0: each block's pace, GB/s."""
-    from workflow_scripts.measure.calibrate import row
-
-    out = []
-    for block, (d, f) in BLOCKS.items():
-        for levers in LEVERS:
-            gbs = pace(block, levers, rounds)
-            out.append(row(f"memory_block[{block},{levers}]", gbs, "GB/s",
-                           f"{block} (d {d}, f {f}) over {MEMORY_TOKENS} tokens, forward + backward, {levers}, "
-                           "replayed from a CUDA graph"))
-    return out

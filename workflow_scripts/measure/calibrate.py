@@ -286,6 +286,37 @@ def gpu_curves(rounds: int) -> dict:
     return {"matmul_bf16": matmul_curve(rounds), "sdpa_bf16": sdpa_curve(rounds)}
 
 
+def block_pace(block: str, levers: str, rounds: int) -> float:
+    """GB/s of one block's work (block_kernels.block_work), forward and backward, eager or compiled, replayed from a CUDA graph."""
+    import torch
+
+    from workflow_scripts.measure.block_kernels import block_work
+
+    work, inputs, nbytes = block_work(block)
+    if levers == "compiled":
+        work = torch.compile(work)
+    grads = [torch.randn_like(t) for t in work(*inputs)]
+
+    def body():
+        torch.autograd.grad(work(*inputs), inputs, grads)
+
+    return replayed_rate(body, nbytes, rounds) / GB
+
+
+def block_rows(rounds: int) -> list[dict]:
+    """memory_block[<block>,<levers>] of GPU 0: each block's pace (block_pace), GB/s."""
+    from workflow_scripts.measure.block_kernels import BLOCKS, LEVERS, MEMORY_TOKENS
+
+    out = []
+    for block, (d, f) in BLOCKS.items():
+        for levers in LEVERS:
+            gbs = block_pace(block, levers, rounds)
+            out.append(row(f"memory_block[{block},{levers}]", gbs, "GB/s",
+                           f"{block} (d {d}, f {f}) over {MEMORY_TOKENS} tokens, forward + backward, {levers}, "
+                           "replayed from a CUDA graph"))
+    return out
+
+
 def gpu_rows(rounds: int) -> list[dict]:
     import torch
 
@@ -294,8 +325,6 @@ def gpu_rows(rounds: int) -> list[dict]:
                 (("matmul_bf16", "TFLOP/s"), ("matmul_bf16_unaligned", "TFLOP/s"), ("h2d", "GB/s"), ("d2h", "GB/s"),
                  ("tp_linear_us", "us"), ("zero3_tensor_us", "us"), ("zero3_module_us", "us"),
                  ("memory_block", "GB/s"))]
-    from workflow_scripts.measure.block_kernels import block_rows
-
     out = []
     for i in range(torch.cuda.device_count()):
         out += one_gpu(i, rounds)

@@ -162,7 +162,7 @@ def engine_bytes(family: str, zero_stage: int, p: float, dp: int, precision: str
       model's gathered parameters are alive there (`gathered_kept`: strategies.fsdp.keeps_gathered_params: no
       resharding, or one unit over the whole model, both fsdp's default in a one-rank run), p in the dtype it
       computes in (bf16 under bf16-pure, its MixedPrecisionPolicy; else fp32): measured +0.66 GiB for GPT-2-medium
-      under bf16-pure on one H100 (results/bench_harness/h100-fsdp-local-step)."""
+      under bf16-pure on one H100."""
     if family == "ddp":
         return state_bytes(family, precision)[1] * p if ddp_wrapped else 0.0
     if family == "fsdp":
@@ -232,9 +232,9 @@ def predict(*, compiled: bool = False, **run) -> Prediction:
         return p
     if run["family"] == "deepspeed" and run["checkpointing"]:
         # measured: ZeRO-1/2 with compiled blocks and checkpointing passed the eager count by 1.9 GiB (5.7 %) on one
-        # H200 (results/ml815/h200-predicted); the bound is claimed only where no committed run passed it
+        # H200; the bound is claimed only where no measured run passed it
         return Prediction(False, "compiled blocks with checkpointing under DeepSpeed: the eager count is no upper "
-                                 "bound there (passed by 5.7 % in results/ml815/h200-predicted)")
+                                 "bound there (a measured run passed it by 5.7 %)")
     return replace(p, bound="upper", why="compiled: the eager count, an upper bound (inductor saves less)")
 
 

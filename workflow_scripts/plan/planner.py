@@ -1,15 +1,17 @@
 """What fits, before anything runs (rule `plan`, config `plan`):
 
-    snakemake plan --configfile studies/<study>.yaml --config 'plan={gpu_memory_gib: 80, gpus: [1, 2, 4]}'
-    python -m workflow_scripts.plan.planner --config-json '<the study config as JSON>' --out-dir results/<s>/plan
+    snakemake plan --cores 1 --configfile studies/<study>.yaml my_plan.yaml   (my_plan.yaml: plan: {gpus: [1, 2, 4]})
+    python -m workflow_scripts.plan.planner --config-json '<the study config as JSON>' --out-dir <folder>
 
 For every model x strategy x GPU count x micro-batch of the plan: the predicted peak per GPU (analytic memory
 model, workflow_scripts/plan/memory_model.py: torch-allocated, and device-wide with the CUDA context, NCCL buffers
 and allocator slack), the usable memory (gpu_memory_gib minus headroom_gib, a margin for the prediction's error),
 the margin of the device-wide peak and whether it fits; then per model, strategy and GPU count the largest
-micro-batch that fits. Writes plan.csv and plan.md. Needs no data: the embedding rows come from plan.vocab, else
-train.embedding_rows, else the trained BPE's tokenizer.vocab_size (a hub tokenizer's size is only known after
-download: set plan.vocab).
+micro-batch that fits. Writes plan.csv and plan.md (every cell a number or a symbol, each symbol's footnote below
+its table). Needs no data, no GPU and no network: the embedding rows come from plan.vocab, else train.embedding_rows,
+else the trained BPE's tokenizer.vocab_size, else, where the tokenizer is the model's own (its hub id), the
+published model's vocabulary (PUBLISHED_VOCAB); any other hub tokenizer's size is only known after download: set
+plan.vocab.
 """
 from __future__ import annotations
 
@@ -32,7 +34,26 @@ class PlanError(ValueError):
     pass
 
 
-def plan_vocab(config: dict) -> int:
+# The embedding rows of the published models whose tokenizer a study may name (their config.json's vocab_size):
+# a study whose tokenizer is the model's own plans with these rows.
+PUBLISHED_VOCAB = {"openai-community/gpt2": 50257, "openai-community/gpt2-medium": 50257,
+                   "openai-community/gpt2-large": 50257, "openai-community/gpt2-xl": 50257,
+                   "Qwen/Qwen2.5-Coder-1.5B": 151936, "Qwen/Qwen2.5-3B": 151936, "Qwen/Qwen1.5-MoE-A2.7B": 151936}
+
+
+def model_vocab(config: dict, models: list) -> int | None:
+    """The published vocabulary of the plan's models where the study's tokenizer is their own (a hub tokenizer
+    named by every model's hub id), else None."""
+    tokenizer = config["tokenizer"]
+    if tokenizer.get("kind") != "hub" or not models:
+        return None
+    ids = {MODELS[m].hub_id for m in models if m in MODELS}
+    if ids != {tokenizer.get("name")} or tokenizer.get("name") not in PUBLISHED_VOCAB:
+        return None
+    return PUBLISHED_VOCAB[tokenizer["name"]]
+
+
+def plan_vocab(config: dict, models: list | None = None) -> int:
     plan, train = config["plan"], config["train"]
     if plan.get("vocab"):
         return embedding_rows(plan["vocab"], train)
@@ -40,7 +61,10 @@ def plan_vocab(config: dict) -> int:
         return embedding_rows(config["tokenizer"]["vocab_size"], train)
     if train.get("embedding_rows"):
         return embedding_rows(train["embedding_rows"], train)
-    raise PlanError("plan.vocab: the hub tokenizer's vocabulary is not known before it is downloaded; set it")
+    if published := model_vocab(config, models or []):
+        return embedding_rows(published, train)
+    raise PlanError("plan.vocab: the hub tokenizer's vocabulary is not known before it is downloaded and is not the "
+                    "model's own; set it")
 
 
 def usable_bytes(plan: dict) -> float:
@@ -70,14 +94,14 @@ def split(strategy: str, config: dict, micro_batch: int) -> tuple[int, int]:
 
 
 def step_rates(plan: dict):
-    """The step-time model's rates from plan.calibration (a calibration.json of the GPU kind: a committed kind's file
-    takes its kind's median launch cost, step_time.load_rates), or None."""
+    """The step-time model's rates from plan.calibration (a GPU kind, `h100`: its rate file, plan/rates/; or a
+    calibration.json, its host costs its kind's: step_time.load_rates), or None."""
     if not plan.get("calibration"):
         return None
-    from workflow_scripts.plan.step_time import load_rates
+    from workflow_scripts.plan.step_time import load_rates, rates_file
 
     try:
-        return load_rates(plan["calibration"])
+        return load_rates(rates_file(plan["calibration"]))
     except ValueError as exc:
         raise PlanError(f"plan.calibration: {exc}") from None
 
@@ -112,9 +136,9 @@ def throughput(config: dict, rates, cell: dict, vocab: int, seq_len: int, fabric
 
 def rows(config: dict) -> pd.DataFrame:
     plan, train = config["plan"], config["train"]
-    vocab = plan_vocab(config)
-    seq_len = plan.get("seq_len") or config["data"]["block_size"]
     models = plan.get("models") or study.all_names(config, "models")
+    vocab = plan_vocab(config, models)
+    seq_len = plan.get("seq_len") or config["data"]["block_size"]
     strategies = plan.get("strategies") or study.all_names(config, "strategies")
     gpus = plan.get("gpus") or study.all_names(config, "world_sizes")
     precision = plan.get("precision") or train["precision"]
@@ -152,8 +176,8 @@ def rows(config: dict) -> pd.DataFrame:
 def ranking(frame: pd.DataFrame, top: int = 10) -> list[str]:
     """Per model, the candidates that fit, fastest first by predicted tokens/s per GPU, with what bounds each."""
     if "predicted_tokens_per_s_per_gpu" not in frame:
-        return ["No throughput ranking: set plan.calibration to a calibration.json of the GPU kind (e.g. "
-                "results/calibration/h100/calibration.json), measured by `calibrate` with its curves.", ""]
+        return ["No throughput ranking: set plan.calibration to a GPU kind (h100, h200: workflow_scripts/plan/rates/) "
+                "or a calibration.json measured by `calibrate`.", ""]
     lines = ["Ranked by predicted throughput (step-time model, plan/step_time.py; candidates that fit):", ""]
     host_bound = False
     for model, part in frame[frame["fits"] == True].groupby("model", sort=False):  # noqa: E712
@@ -162,7 +186,7 @@ def ranking(frame: pd.DataFrame, top: int = 10) -> list[str]:
         lines += [f"#### {model}", "", "| rank | strategy | GPUs | mb | levers | tokens/s per GPU | MFU | bound |",
                   "|---|---|---|---|---|---|---|---|"]
         for i, (_, r) in enumerate(best.iterrows(), 1):
-            mfu = "" if pd.isna(r["predicted_mfu"]) else f"{r['predicted_mfu']:.1%}"
+            mfu = "–" if pd.isna(r["predicted_mfu"]) else f"{r['predicted_mfu']:.1%}"
             lines.append(f"| {i} | `{r['strategy']}` | {r['gpus']} | {r['micro_batch']} | {r['levers']} | "
                          f"{r['predicted_tokens_per_s_per_gpu']:,.0f} | {mfu} | {r['time_bound']} |")
         lines.append("")
@@ -170,12 +194,11 @@ def ranking(frame: pd.DataFrame, top: int = 10) -> list[str]:
     return lines + ([HOST_BOUND_NOTE, ""] if host_bound else [])
 
 
-# what a host-bound prediction cannot see (BENCHMARKS.md Part 6; the error by bound: results/step_time/step_time.md)
+# what a host-bound prediction cannot see (the step-time model's error by bound: experiments/step_time)
 HOST_BOUND_NOTE = ("Bound `host`: the step waits on the host's launches and hooks, whose pace a rented machine's "
-                   "CPUs do not hold (one CPU moved 2x from one second to the next, results/bench_harness/"
-                   "h200-host-pace): the model misses such rows about twice as far as device-bound ones "
-                   "(results/step_time/step_time.md, held out by bound), so host-bound candidates close in tokens/s "
-                   "are a tie until measured.")
+                   "CPUs do not hold (one CPU moved 2x from one second to the next): the model misses such rows "
+                   "about twice as far as device-bound ones (held out, by bound), so host-bound candidates close in "
+                   "tokens/s are a tie until measured.")
 
 
 def largest_fitting(frame: pd.DataFrame) -> pd.DataFrame:
@@ -185,28 +208,51 @@ def largest_fitting(frame: pd.DataFrame) -> pd.DataFrame:
         best.reset_index(), how="left", on=["model", "strategy", "gpus"])
 
 
+FITS, FITS_NOT, UNKNOWN, UPPER, NONE, AT_LEAST = "✓", "✗", "?", "≤", "–", "≥"  # the table's symbols
+UPPER_NOTE = ("compiled: the eager count, an upper bound of the torch-allocated peak (inductor saves less; the "
+              "device-wide figure can pass it by a few % of allocator slack); ? where the bound does not fit: the "
+              "compiled run may.")
+
+
+def cell(r, none_mark: str) -> str:
+    """One candidate's cell: its device-wide peak in GiB with ✓ / ✗ / ? and ≤ for a bound, or `none_mark`."""
+    if pd.isna(r["predicted_device_gib"]):
+        return none_mark
+    mark = UNKNOWN if r["fits"] is None else FITS if r["fits"] else FITS_NOT
+    return f"{UPPER + ' ' if r['bound'] else ''}{r['predicted_device_gib']:.1f} {mark}"
+
+
 def markdown(frame: pd.DataFrame, plan: dict) -> str:
+    """Per model a table of numbers (GiB) and symbols, each symbol it uses footnoted once below it; a cell the model
+    does not predict is `–` (numbered –1, –2, ... where the table has several reasons)."""
     lines = [f"Plan: {plan['gpu_memory_gib']} GiB per GPU, {plan['headroom_gib']} GiB kept free (the prediction's "
-             "error); predicted device-wide peak per GPU (analytic memory model: torch-allocated peak, allocator "
-             "slack, CUDA context, NCCL buffers); ✓ fits, ✗ does not; ≤: compiled runs, from the eager count, which bounds "
-             "their torch-allocated peak (the device-wide figure can be passed by a few % of allocator slack) "
-             "(? where it does not fit: the compiled run may).", ""]
+             "error). Each cell: the predicted device-wide peak per GPU in GiB (analytic memory model: "
+             f"torch-allocated peak, allocator slack, CUDA context, NCCL buffers); {FITS} fits, {FITS_NOT} does not.",
+             ""]
     mbs = list(plan["micro_batches"])
     best = largest_fitting(frame).set_index(["model", "strategy", "gpus"])["largest_micro_batch"]
     for model, part in frame.groupby("model", sort=False):
+        reasons = list(dict.fromkeys(part.loc[part["predicted_device_gib"].isna(), "note"].fillna("")))
+        marks = {why: NONE if len(reasons) == 1 else f"{NONE}{i}" for i, why in enumerate(reasons, 1)}
+        at_least = False
         lines += [f"### {model}", "", "| strategy | GPUs | " + " | ".join(f"mb {m}" for m in mbs)
                   + " | largest mb that fits |", "|---|---|" + "---|" * (len(mbs) + 1)]
         for (strategy, n), cells in part.groupby(["strategy", "gpus"], sort=False):
             by_mb = cells.set_index("micro_batch")
-            text = []
-            for m in mbs:
-                r = by_mb.loc[m]
-                mark = "?" if r["fits"] is None else "✓" if r["fits"] else "✗"
-                text.append(r["note"] if pd.isna(r["predicted_gib"]) else
-                            f"{'≤ ' if r['bound'] else ''}{r['predicted_device_gib']:.1f} {mark}")
+            text = [cell(by_mb.loc[m], marks.get(by_mb.loc[m, "note"] or "", NONE)) for m in mbs]
             largest = best.loc[(model, strategy, n)]
+            above = cells[cells["micro_batch"] > (0 if pd.isna(largest) else largest)]
+            open_above = above["fits"].isna().any()  # a larger micro-batch is unknown or not predicted
+            at_least |= bool(open_above)
             lines.append(f"| `{strategy}` | {n} | " + " | ".join(text) + " | "
-                         + ("none" if pd.isna(largest) else str(int(largest))) + " |")
+                         + (NONE if pd.isna(largest) and open_above else FITS_NOT if pd.isna(largest)
+                            else f"{AT_LEAST + ' ' if open_above else ''}{int(largest)}") + " |")
+        lines.append("")
+        if part["bound"].astype(bool).any():
+            lines.append(f"{UPPER} {UPPER_NOTE}")
+        if at_least:
+            lines.append(f"{AT_LEAST} the largest micro-batch predicted to fit; a larger one is {UNKNOWN} or {NONE}.")
+        lines += [f"{marks[why]} not predicted: {why or 'no reason given'}" for why in reasons]
         lines.append("")
     return "\n".join(lines + ranking(frame))
 
