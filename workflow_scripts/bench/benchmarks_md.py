@@ -1,25 +1,27 @@
 """The generated tables of the dated benchmark reports (benchmarks/*.md), written from the committed benchmark sets:
 
-    python -m workflow_scripts.bench.benchmarks_md [--check] [--file benchmarks/<report>.md ...] [--results results/bench_harness]
+    python -m workflow_scripts.bench.benchmarks_md [--check] [--file benchmarks/<report>.md ...] [--results <root>]
 
-Run by hand after a benchmark set changes (and by the committed-data test with `--check`); nothing in the pipeline
-calls it. Without `--file` it reads every report under benchmarks/. Every region of a report between an opening
+Run by hand after a benchmark set changes, and by the committed-data test with `--check`. Without `--file` it reads
+every report under benchmarks/. Every region of a report between an opening
 marker and a closing one,
 
-    <!-- bench-table sets="h100-regimes-mb4,h100-regimes-mb16" table="compare" -->
+    <!-- bench-table sets="results/<study>/<set>,results/<study>/<another set>" table="compare" -->
     (anything: replaced)
     <!-- /bench-table -->
 
-is rewritten in place with a table made from the named sets' CSVs under the results root
-(`<results>/<set>/bench/...`; a set written `<set>/<part>` reads `<results>/<set>/bench/<part>/...`, a second
-command's rows kept beside the first's), one set after the other in the order named; the markers stay and text
-outside them is never touched, so a second run changes nothing. Reports of sets no longer in the tree carry their
-tables as plain text, without markers. Two kinds of table:
+is rewritten in place with a table made from the named sets' CSVs, one set after the other in the order named. A
+set is named by its folder relative to `--results` (the working directory by default, so a report names
+`results/<study>/<set>`); its table is `<folder>/bench/<csv>`, or `<folder>/<csv>` where the folder holds it (a
+second command's rows kept beside the first's, `results/<study>/<set>/bench/<part>`). The table's first column
+shows the folder without `results/<study>/` and `bench/`. The markers stay and text outside them is never touched,
+so a second run changes nothing. Reports of sets no longer in the tree carry their tables as plain text, without
+markers. Two kinds of table:
 
 - `compare`, from `harness_vs_trainer.csv` (rule bench_compare): one row per set and strategy, ours against the
   Trainer's fastest setting, mean ± 95 % CI (MFU), their ratio, whether the CIs are apart, ours over the ceiling; the
   ceiling (`bench.ceiling`) as its own row. Micro-batch and ours' compile levers from the runs' `run_spec.json`.
-  The one-round schema of the first H200 set (`ours_tokens_per_s`, ...) is read too (no CI there).
+  The older one-round schema (`ours_tokens_per_s`, ...) is read too (no CI there).
 - `levers`, from `levers.csv` (rule bench_levers): one row per set and lever, tokens/s as mean ± 95 % CI (Student's
   t, workflow_scripts.report.stats) over `levers_rounds.csv` where the set has one, the ratio to the set's first
   row, MFU, median step, torch peak and final loss (means over the rounds).
@@ -46,13 +48,13 @@ from workflow_scripts.report.stats import mean_ci
 
 REPORTS = "benchmarks"  # the dated reports, relative to the repository root
 DEFAULT_FILE = "BENCHMARKS.md"  # the index: no generated table (read by rules/bench.smk until that rule goes)
-DEFAULT_RESULTS = "results/bench_harness"
+DEFAULT_RESULTS = "."  # what the markers' set folders are relative to: the repository root
 CEILING = "ceiling"  # bench/harness.py's runner and strategy name of the ceiling's rows (not imported: torch)
 CSV = {"compare": "harness_vs_trainer.csv", "levers": "levers.csv"}  # table kind -> its file under <set>/bench/
 MARKER = re.compile(r"<!--\s*(/?)bench-table\b(.*?)-->", re.DOTALL)
 ATTR = re.compile(r'(\w+)="([^"]*)"')
 DASH = "–"
-# The first H200 set's one-round schema -> today's (compare_summary in bench/harness.py)
+# The one-round schema -> today's (compare_summary in bench/harness.py)
 OLD_COMPARE = {"ours_tokens_per_s": "ours tokens/s", "trainer_tokens_per_s": "trainer:default tokens/s",
                "ratio": "ratio to best", "ours_mfu": "ours MFU", "trainer_mfu": "trainer best MFU"}
 
@@ -137,11 +139,19 @@ def inputs(files=None, results: str | Path = DEFAULT_RESULTS) -> list[str]:
 
 
 def set_files(results: Path, name: str, table: str) -> tuple[Path, Path]:
-    """A set's table of this kind and its rounds file (which may not exist); `<set>/<part>` reads the part's folder
-    under the set's bench/."""
-    folder, _, part = name.partition("/")
-    csv = results / folder / "bench" / part / CSV[table] if part else results / folder / "bench" / CSV[table]
+    """A set's table of this kind and its rounds file (which may not exist): in the named folder where it is there,
+    else under its bench/."""
+    folder = results / name
+    csv = folder / CSV[table] if (folder / CSV[table]).is_file() else folder / "bench" / CSV[table]
     return csv, csv.with_name(csv.stem + "_rounds.csv")
+
+
+def label(name: str) -> str:
+    """A set's name in its table: the folder without `results/<study>/` and `bench/`."""
+    parts = Path(name).parts
+    if len(parts) > 2 and parts[0] == "results":
+        parts = parts[2:]
+    return "/".join(part for part in parts if part != "bench")
 
 
 # ---------------------------------------------------------------- reading a set
@@ -149,8 +159,8 @@ def read_csv(results: Path, name: str, table: str, where: str) -> tuple[pd.DataF
     """The set's table and its rounds file (None where there is none)."""
     csv, rounds = set_files(results, name, table)
     if not csv.is_file():
-        missing = "the set" if not (results / name.partition("/")[0]).is_dir() else "its table"
-        raise BenchTableError(f"{where}: set '{name}': {csv} not found ({missing} is missing under {results})")
+        missing = f"no folder {results / name}" if not (results / name).is_dir() else "the folder has no such table"
+        raise BenchTableError(f"{where}: set '{name}': {csv} not found ({missing})")
     return pd.read_csv(csv), (pd.read_csv(rounds) if rounds.is_file() else None)
 
 
@@ -249,7 +259,7 @@ def compare_rows(name: str, df: pd.DataFrame, bench: Path) -> list[list[str]]:
         train = spec.get("train", {})
         cells = (ceiling_row(row, train) if row["strategy"] == CEILING
                  else compare_row(row, train, spec.get("options") or {}))
-        rows.append([f"`{name}`" if not rows else ""] + cells)
+        rows.append([f"`{label(name)}`" if not rows else ""] + cells)
     return rows
 
 
@@ -286,7 +296,7 @@ def levers_rows(name: str, df: pd.DataFrame, rounds: pd.DataFrame | None) -> lis
     rows = []
     for row in df.to_dict("records"):
         mean, half = means[row["lever"]]
-        rows.append([f"`{name}`" if not rows else ""] + lever_row(row, mean, half, first))
+        rows.append([f"`{label(name)}`" if not rows else ""] + lever_row(row, mean, half, first))
     return rows
 
 
@@ -317,7 +327,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--file", action="append", default=None,
                     help=f"a report to rewrite in place (repeatable; default: every {REPORTS}/*.md)")
-    ap.add_argument("--results", default=DEFAULT_RESULTS, help="the folder holding the benchmark sets")
+    ap.add_argument("--results", default=DEFAULT_RESULTS,
+                    help="the folder the markers' set folders are relative to (default: the working directory)")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff when out of date")
     a = ap.parse_args(argv)
     paths = as_files(a.file)
