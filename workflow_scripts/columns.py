@@ -61,7 +61,8 @@ RUN_COLUMNS = [
     "peak_host_rss_bytes", "initial_loss", "final_loss", "val_loss_initial", "val_loss_final", "val_ppl_final",
     "predicted_model_state_bytes", "predicted_host_state_bytes", "sampler_status", "sampler_peak_device_bytes",
     "sampler_peak_host_bytes", "predicted_peak_bytes", "predicted_device_peak_bytes", "predicted_peak_note",
-    "predicted_step_s", "predicted_tokens_per_s", "predicted_step_note", "val_accuracy_initial", "val_accuracy_final", "trainable_params", "compile_blocks", "compile_loss",
+    "predicted_step_s", "predicted_tokens_per_s", "predicted_step_note", "val_accuracy_initial", "val_accuracy_final",
+    "trainable_params", "compile_blocks", "compile_loss",
     "compile_model", "compile_mode", "compile_auto", "provenance", "settings",
 ]
 RUN_TEXT = {"run_id", "study", "model", "strategy", "family", "layout", "platform", "device_name", "precision",
@@ -71,8 +72,9 @@ VRAM_COLUMNS = ID_COLUMNS + SAMPLER_COLUMNS
 
 
 def layout_key(layout, world_size) -> str:
-    """A row's layout key; rows and summaries written before layouts existed have none: pure data parallel."""
-    if layout is None or str(layout) in ("", "nan", "<NA>"):  # None, NaN, pandas' NA or empty
+    """The layout key of a run's row or summary: its `layout`; where that is None, NaN, pandas' NA or empty (the
+    summaries of some committed sets carry none), pure data parallel over `world_size` ranks, `ws<world_size>`."""
+    if layout is None or str(layout) in ("", "nan", "<NA>"):
         return f"ws{int(float(world_size))}"
     return str(layout)
 

@@ -18,8 +18,8 @@ import json
 import os
 import sysconfig
 import unicodedata
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 
 def normalise(text: str) -> str:

@@ -4,8 +4,8 @@
 
 The window is `warmup` steps traced but discarded (the profiler's own start-up), then `active` steps recorded. With
 `at: end` (the default) they are the run's last steps, so no timed step follows a trace: Kineto leaves CUPTI
-subscribed when a trace ends (pytorch/pytorch#144455), and every later step of the process ran 17 % slower
-(results/bench_harness/h100-profiler-aftereffect: GPT-2-medium, one H100). With `at: start` the window opens
+subscribed when a trace ends (pytorch/pytorch#144455), and every later step of the process runs 17 % slower
+(GPT-2-medium, one H100). With `at: start` the window opens
 after the run's timing warm-up plus `wait` steps, and the steps timed after it carry that after-effect. The window's
 steps carry `profiled = true` in metrics.csv and are left out of throughput, MFU and the phase medians
 (measure.metrics.steady), like the timing warm-up. The trace of

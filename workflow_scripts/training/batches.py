@@ -9,8 +9,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.models import MODELS, build_model, embedding_rows, with_lora
+from workflow_scripts.training.run_context import RunContext
 
 BATCH_DTYPE = np.int64  # the stored rows widened to what the model takes (token ids, and image rows before scaling)
 

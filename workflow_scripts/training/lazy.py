@@ -4,7 +4,7 @@ an engine)."""
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 
 def part(module: str, name: str) -> Callable:

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from workflow_scripts import columns as C
-from workflow_scripts import schema
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.measure import provenance
 from workflow_scripts.measure.clock import PhaseClock
@@ -42,10 +42,10 @@ from workflow_scripts.training import chunked_loss, determinism, levers, recompu
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import init_distributed
-from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.graceful_stop import RankStop, signal_workflow
 from workflow_scripts.training.models import MODELS, count_params, count_trainable, model_flops_per_token, model_spec
 from workflow_scripts.training.parallel import build_engine
+from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.strategies import get as get_strategy
 from workflow_scripts.training.strategies.base import Strategy
 from workflow_scripts.training.strategies.engine import Engine
@@ -108,7 +108,7 @@ def setup(spec: dict) -> Run:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(t["seed"])
     if ctx.device.type == "cpu":
-        torch.set_num_threads(max(1, int(schema.filled("train", t)["threads_per_rank"])))
+        torch.set_num_threads(max(1, int(t["threads_per_rank"])))
 
     data, blocks, val, vocab = load_data(spec)
     seq_len = data["block_size"]
@@ -326,8 +326,8 @@ def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], mem
     val_initial, val_final = val_losses
     return {
         "status": C.OK, "run_id": spec["run_id"], "model": spec["model"], "strategy": spec["strategy"],
-        "family": strategy.family, "zero_stage": strategy.zero_stage, "layout": ctx.layout.key, "parallel": ctx.parallel,
-        "world_size": ctx.world_size, "dp_size": ctx.dp_size,
+        "family": strategy.family, "zero_stage": strategy.zero_stage, "layout": ctx.layout.key,
+        "parallel": ctx.parallel, "world_size": ctx.world_size, "dp_size": ctx.dp_size,
         "repeat": spec["repeat"], "platform": spec["platform"], "device_name": device_name,
         "precision": ctx.precision.name, "precision_detail": ctx.precision.detail,
         "n_params": run.n_params, "n_layer": shape.n_layer, "d_model": shape.d_model, "seq_len": run.seq_len,
@@ -386,7 +386,7 @@ def die_with_parent() -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", required=True, help="run spec JSON written by workflow_scripts.job.launch")
-    spec = json.loads(Path(ap.parse_args(argv).spec).read_text())
+    spec = RunSpec.load(ap.parse_args(argv).spec)  # its schema version checked: the fields the launcher wrote
     die_with_parent()
     try:
         train(spec)

@@ -5,8 +5,8 @@
     ...
     result = handle.stop()   # never raises
 
-The sampler is a separate process (``python -m workflow_scripts.measure.vram --root-pid ...``), so it never competes with
-training threads for the GIL. It stops when ``stop()`` closes its stdin, which also happens if the launcher dies.
+The sampler is a separate process (``python -m workflow_scripts.measure.vram --root-pid ...``), so it never competes
+with training threads for the GIL. It stops when ``stop()`` closes its stdin, which also happens if the launcher dies.
 Units: bytes for memory, seconds for time. CSV columns: see ``sampler.COLUMNS``; result dict: see ``SamplerHandle``.
 """
 from __future__ import annotations

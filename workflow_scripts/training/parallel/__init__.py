@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,8 @@ class Dimension:
     # (layout, model name, where) -> problems: what the dimension needs from the model (beyond training.layout's
     # divisibility checks)
     model_problems: Callable | None = None
-    # the GPU fast path (train.compile_blocks / compile_loss: auto) compiles layouts with this dimension: set once
-    # compiled runs of it were checked on a GPU (results/parallelism/*-compiled)
+    # the GPU fast path (train.compile_blocks / compile_loss: auto) compiles layouts with this dimension: true only
+    # for a dimension whose compiled runs are checked on a GPU
     compiled_on_gpu: bool = False
 
 
@@ -63,7 +63,8 @@ def build_engine(strategy, model, ctx, family: str):
 
 def run_problems(layout, strategy, train: dict, where: str) -> list[str]:
     """What the layout's dimensions need from the rest of the run (strategy, train settings)."""
-    return [p for key, dim in DIMENSIONS.items() if dim.problems is not None and (key == "dp" or getattr(layout, key) > 1)
+    return [p for key, dim in DIMENSIONS.items()
+            if dim.problems is not None and (key == "dp" or getattr(layout, key) > 1)
             for p in dim.problems(layout, strategy, train, where)]
 
 

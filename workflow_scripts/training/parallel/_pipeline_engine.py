@@ -15,7 +15,8 @@ from workflow_scripts.training.strategies.engine import Engine, input_ids, lm_lo
 
 
 class Stage(nn.Module):
-    """One pipeline stage of a GPT-2 or Qwen2 (dense or MoE) causal LM: [embeddings] -> blocks -> [final norm -> LM head]."""
+    """One pipeline stage of a GPT-2 or Qwen2 (dense or MoE) causal LM:
+    [embeddings] -> blocks -> [final norm -> LM head]."""
 
     def __init__(self, model: nn.Module, family: str, layers: range, first: bool, last: bool, tied: bool):
         super().__init__()
@@ -160,6 +161,6 @@ def build(strategy, model: nn.Module, ctx, family: str) -> PipelineEngine:
                           coords["pp"])
     tied = bool(getattr(model.config, "tie_word_embeddings", False))  # and so must the two end stages be
     stage = Stage(model, family, layers, first=coords["pp"] == 0, last=coords["pp"] == ctx.layout.pp - 1, tied=tied)
-    ctx.mesh  # created once, shared with the inner engine's copy of the context
+    _ = ctx.mesh  # created once, shared with the inner engine's copy of the context
     inner = data_parallel_engine(strategy, stage, dataclasses.replace(ctx, grad_clip=0.0))
     return PipelineEngine(inner, stage, ctx, ctx.pipeline_schedule)

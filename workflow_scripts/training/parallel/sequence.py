@@ -37,7 +37,6 @@ def apply(model: nn.Module, ctx, family: str) -> None:
     from transformers import AttentionInterface
 
     from workflow_scripts.training.parallel._ulysses import attention, forward_loss
-
     from workflow_scripts.training.strategies._deepspeed import gloo_collectives_on_cpu
 
     gloo_collectives_on_cpu(ctx.platform)

@@ -91,27 +91,27 @@ TOP_LEVEL_KEYS = ("communication_data_type", "aio", "prescale_gradients", "gradi
 # DeepCompile backend, which puts ZeRO's gradient reduction (stages 1-2) or parameter gathers (stage 3) into the
 # compiled graph instead of per-parameter hooks; its op (dc) builds against CUDA's headers: GPU runs only.
 # keys of DeepSpeed's `bf16` section, which exists where DeepSpeed runs its own bf16 optimizer (bf16-pure; ZeRO++).
-# check_grad_overflow: false drops the per-tensor inf/NaN checks of its ZeRO-1/2 step (a host-bound part of it:
-# results/bench_harness/h100-zero2-profile) and with them the skip of a step whose gradients are not finite.
+# check_grad_overflow: false drops the per-tensor inf/NaN checks of its ZeRO-1/2 step (Python-level launches per
+# gradient tensor, host-bound) and with them the skip of a step whose gradients are not finite.
 BF16_KEYS = ("check_grad_overflow",)
 # ZeRO-3 with compiled blocks (each a leaf module: zero3_compile_blocks) or its whole model compiled by
 # DeepSpeedEngine.compile (train.compile_model without DeepCompile): DeepSpeed's memory-efficient linear off.
 # Its zero.Init replaces torch.nn.functional.linear with an autograd Function whose backward re-gathers a released
-# weight. Traced into a compiled block on a GPU it guards on each weight's ds_id, so every block recompiles and past
-# torch's limit of 8 the rest run eager; and no parameter of the 8 compiled blocks got a gradient (DeepSpeed's leaf
-# hook reduced zeros for all 16 of each: ViT-Huge on an H100, tools/zero3_grad_check.py, results/vit/
-# h100-zero3-grad-check). The whole model compiled the same way left all 514 parameters without a gradient. A
-# leaf block's parameters are gathered for its backward by the hooks on the block, and the compiled model's by
-# DeepSpeed's hooks on each submodule, so torch's own linear is all they need. GPT-2's blocks (Conv1D) never called
-# it. DeepCompile, DeepSpeed's own compiler, keeps DeepSpeed's default: it runs torch's linear and trains ViT-Huge on
-# plain ZeRO-3's losses (results/vit/h100-zero3-grad-check, its README), as GPT-2 on DDP's.
+# weight. Traced into a compiled block on a GPU it guards on each weight's ds_id, so every block recompiles, past
+# torch's limit of 8 the rest run eager, and no parameter of the 8 compiled blocks gets a gradient (DeepSpeed's leaf
+# hook reduces zeros for all 16 of each, ViT-Huge on an H100); the whole model compiled that way leaves all 514
+# parameters without one. A leaf block's parameters are gathered for its backward by the hooks on the block, and the
+# compiled model's by DeepSpeed's hooks on each submodule, so torch's own linear is all they need. GPT-2's blocks
+# (Conv1D) never call it. DeepCompile, DeepSpeed's own compiler, keeps DeepSpeed's default: it runs torch's linear and
+# trains ViT-Huge on plain ZeRO-3's losses, as GPT-2 on DDP's.
 COMPILED_ZERO3_KEYS = {"memory_efficient_linear": False}
 
 
 def traced_ds_linear(applied: dict | None, family: str) -> bool:
     """Whether a recorded run (its strategy_settings.json) compiled ZeRO-3 leaf blocks with DeepSpeed's linear traced
-    into them: before COMPILED_ZERO3_KEYS, a model family whose blocks call F.linear (all but GPT-2's Conv1D). Such a
-    run had 8 blocks compiled and without gradients, the rest eager: neither lever set, nor the strategy's arithmetic."""
+    into them: leaf blocks without COMPILED_ZERO3_KEYS' setting, in a model family whose blocks call F.linear (all but
+    GPT-2's Conv1D). Such a run has 8 blocks compiled and without gradients, the rest eager: neither lever set, nor
+    the strategy's arithmetic."""
     harness = (applied or {}).get("harness") or {}
     zero = ((applied or {}).get("deepspeed_config") or {}).get("zero_optimization") or {}
     return bool(harness.get("zero3_leaf_modules")) and zero.get("memory_efficient_linear", True) and family != "gpt2"
@@ -158,9 +158,9 @@ def check_context(options: dict) -> RunContext:
     from (CPU, one rank, a placeholder work_dir), with `options` as its section of strategy_options."""
     import torch
 
-    from workflow_scripts.training.run_context import RunContext
     from workflow_scripts.training.layout import Layout
     from workflow_scripts.training.precision import policy
+    from workflow_scripts.training.run_context import RunContext
 
     return RunContext(rank=0, local_rank=0, local_world_size=1, device=torch.device("cpu"), platform="cpu",
                       layout=Layout(dp=1), precision=policy("fp32"), micro_batch=1, accum=1, lr=1e-3,

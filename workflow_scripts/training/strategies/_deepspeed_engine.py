@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from workflow_scripts.training.run_context import RunContext
 
 
-ZEROPP_CALLS = {  # what proves each ZeRO++ part ran, not only that it was configured (STUDY.md: qgZ engages across nodes)
+# what proves each ZeRO++ part ran, not only that it was configured (qgZ's quantized all-to-all runs only across nodes)
+ZEROPP_CALLS = {
     "qwZ quantize (CUDAQuantizer.quantize)": ("deepspeed.runtime.zero.partition_parameters", "CUDAQuantizer",
                                              "quantize"),
     "qgZ all_to_all_quant_reduce": ("deepspeed.runtime.zero.stage3", None, "all_to_all_quant_reduce"),
@@ -96,9 +97,9 @@ class DeepSpeedEngine(Engine):
 @contextlib.contextmanager
 def eager_call(module: torch.nn.Module):
     """The module's own forward for the calls inside, not the compiled one `nn.Module.compile` installed: validation
-    (no gradients) under DeepCompile, whose inference graph of GPT-2 failed on one H100 (torch 2.11, DeepSpeed
-    0.19.8: "expected Tensor() for op: torch.ops.aten._scaled_dot_product_cudnn_attention.default",
-    results/bench_harness/h100-zero12-deepcompile). The same arithmetic, eager; training steps stay compiled."""
+    (no gradients) under DeepCompile, whose inference graph of GPT-2 fails on an H100 (torch 2.11, DeepSpeed
+    0.19.8: "expected Tensor() for op: torch.ops.aten._scaled_dot_product_cudnn_attention.default"). The same
+    arithmetic, eager; training steps stay compiled."""
     compiled, module._compiled_call_impl = module._compiled_call_impl, None
     try:
         yield

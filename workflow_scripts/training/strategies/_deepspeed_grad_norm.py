@@ -8,8 +8,8 @@ over the same gradients, cast to the same float64, then DeepSpeed's own reductio
 squared sum, the model-parallel one, the square root, the inf/NaN mask). Where the optimizer's case is one it does
 not cover (another norm type, model-parallel ranks other than 0, pipeline-replicated parameters), it calls
 DeepSpeed's. ZeRO-3's optimizer (`DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct`) does the same per tensor
-over its gradient partitions (a cast and a norm each, 2 launches per tensor of the 748 its step issued for
-GPT-2-medium on one H100: results/bench_harness/h100-zero3-profile-mb4); its swap keeps its own reductions (the
+over its gradient partitions (a cast and a norm each: 2 launches per tensor of the 748 its step issues for
+GPT-2-medium on one H100); its swap keeps its own reductions (the
 partition group's all-reduce, the model-parallel one where a rank does not count every gradient, the -1 of an inf
 or NaN norm) and calls DeepSpeed's for AutoEP expert groups. Strategy option `foreach_grad_norm` of ZeRO-1/2/3
 (_deepspeed.OWN_KEYS; default true; false keeps DeepSpeed's own, e.g. to measure it).

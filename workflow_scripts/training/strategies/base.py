@@ -8,8 +8,9 @@ only when a rank builds one, through `training.lazy.part`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from workflow_scripts.training import lazy
 

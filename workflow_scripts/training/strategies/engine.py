@@ -12,7 +12,8 @@ The default `Engine.train_step` runs, per micro-batch, `micro_step(last)` / `for
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F

@@ -24,7 +24,7 @@ def reshard_after_forward(ctx: RunContext) -> bool:
     """The option where a study sets it; else free the gathered parameters after forward (FSDP2's default) unless
     the data-parallel mesh is one rank: there nothing is sharded, and resharding only repeats every block's
     all-gather in backward (one H100, GPT-2-medium, micro-batch 16: backward 62 ms kept against 83 ms resharded,
-    +0.66 GiB peak; results/bench_harness/h100-fsdp-local-step)."""
+    +0.66 GiB peak)."""
     if "reshard_after_forward" in ctx.options:
         return bool(ctx.options["reshard_after_forward"])
     return ctx.layout.shard_ranks > 1

@@ -7,7 +7,6 @@ from workflow_scripts.training.strategies._ddp import DDPEngine, ddp_settings
 from workflow_scripts.training.strategies.base import Strategy
 
 
-
 def accumulation(options: dict) -> tuple[int, bool]:
     """(accumulation steps, keep the effective batch): the one place of their defaults."""
     return int(options.get("accum_steps", 8)), bool(options.get("keep_effective_batch", True))

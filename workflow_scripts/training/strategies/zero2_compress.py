@@ -9,6 +9,5 @@ only differs from zero2 if `communication_data_type` is set lower (fp16).
 """
 from workflow_scripts.training.strategies._deepspeed import deepspeed_strategy
 
-
 STRATEGY = deepspeed_strategy("zero2_compress", 2, "ZeRO-2, gradients communicated in bf16 (communication_data_type)",
                               extra=lambda ctx: {"communication_data_type": "bf16"})
