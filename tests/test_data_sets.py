@@ -88,3 +88,11 @@ def test_links_into_results_point_at_kept_files(doc):
     text = (REPO / doc).read_text()
     for target in re.findall(r"\]\(((?:\.\./)*results/[^)#\s]+)", text):
         assert (REPO / target).exists(), f"{doc} links {target}, which is not in the tree"
+
+
+def test_benchmark_reports_generated_tables_match_their_sets():
+    """Every generated table in benchmarks/*.md equals what benchmarks_md makes from the kept set it reads."""
+    from workflow_scripts.bench import benchmarks_md
+
+    files = [a for p in benchmarks_md.report_files(REPO) for a in ("--file", str(p))]
+    assert benchmarks_md.main(["--check", "--results", str(REPO), *files]) == 0
