@@ -35,7 +35,8 @@ def calibrations(results: Path, commit: str | None = None) -> dict[str, dict]:
     """Every machine's calibration under `results` (a_calibration: relative path -> its content), from the working
     tree or, with `commit`, from that revision."""
     if commit is None:
-        return {str(p.relative_to(results)): json.loads(p.read_text()) for p in sorted(results.glob(f"**/{CALIBRATION}"))
+        paths = sorted(results.glob(f"**/{CALIBRATION}"))
+        return {str(p.relative_to(results)): json.loads(p.read_text()) for p in paths
                 if a_calibration(str(p.relative_to(results)))}
     listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit, "--", str(results)], check=True,
                             capture_output=True, text=True).stdout.splitlines()

@@ -182,7 +182,8 @@ def one_gpu(i: int, rounds: int) -> list[dict]:
     return [row(f"matmul_bf16[{i}]", flops, "TFLOP/s", torch.cuda.get_device_name(dev)),
             row(f"h2d[{i}]", h2d, "GB/s", "pinned, 1 GiB"), row(f"d2h[{i}]", d2h, "GB/s", "pinned, 1 GiB"),
             row(f"hbm_copy[{i}]", hbm, "GB/s", "device-to-device copy of 1 GiB, bytes read + written"),
-            row(f"launch_us[{i}]", launch_us, "us", f"eager launch of a one-element add, {LAUNCHES} in a row, fastest round")]
+            row(f"launch_us[{i}]", launch_us, "us",
+                f"eager launch of a one-element add, {LAUNCHES} in a row, fastest round")]
 
 
 def matmul_curve(rounds: int) -> list[dict]:
@@ -287,7 +288,8 @@ def gpu_curves(rounds: int) -> dict:
 
 
 def block_pace(block: str, levers: str, rounds: int) -> float:
-    """GB/s of one block's work (block_kernels.block_work), forward and backward, eager or compiled, replayed from a CUDA graph."""
+    """GB/s of one block's work (block_kernels.block_work), forward and backward, eager or compiled, replayed from a
+    CUDA graph."""
     import torch
 
     from workflow_scripts.measure.block_kernels import block_work

@@ -7,7 +7,8 @@ The step splits into three parts, each scaling with one calibrated measure:
                  the calibrated bus bandwidth of the largest message measured for that many ranks, not overlapped
   host           the rest of the step: Python, kernel launches, the data path; on GPU at the calibrated launch
                  rate (1 / launch_us) where both sets measured it, else at single-thread CPU speed
-A CPU run is all host, at single-thread CPU speed. Shares are capped so that they sum to 1 (compute first, then communication).
+A CPU run is all host, at single-thread CPU speed. Shares are capped so that they sum to 1 (compute first, then
+communication).
 Predicted rerun / committed tokens/s = 1 / sum(share_k / (speed_k rerun / speed_k committed)).
 """
 from __future__ import annotations

@@ -269,7 +269,8 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
     blocks = shape.n_params - embed * (1 if shape.tied else 2)
     if ep > 1 and family != "fsdp":  # ep shards the experts (FSDP2 already shards them over the same ranks)
         blocks -= shape.expert_params * (1 - 1 / ep)
-    replicated, sharded = tp_split(shape, precision) if tp > 1 else (activation_bytes_per_token_layer(shape, precision), 0.0)
+    replicated, sharded = (tp_split(shape, precision) if tp > 1
+                           else (activation_bytes_per_token_layer(shape, precision), 0.0))
     act_layer = replicated + sharded / tp
     if traced_per_layer is not None:  # torch's count, scaled by the same tp split
         act_layer = traced_per_layer * act_layer / (replicated + sharded)

@@ -105,14 +105,14 @@ def best(frame: pd.DataFrame) -> pd.DataFrame:
 def markdown(frame: pd.DataFrame, config: dict, fabric: Fabric, device: str | None) -> str:
     plan = config["plan"]
     lines = ["# Simulated scaling (plan/scale.py)", "",
-             f"Assumed: {device or 'the calibrated GPU'} at the rates of `{plan['calibration']}` (a kind's committed "
-             "file with the median launch cost of the kind's calibrated machines: plan/step_time.load_rates); "
+             f"Assumed: {device or 'the calibrated GPU'} at the rates of `{plan['calibration']}` (host costs: the "
+             "median of the kind's calibrated machines, its rate file in plan/rates/: plan/step_time.load_rates); "
              f"{fabric.describe()}; "
              f"{plan['gpu_memory_gib']} GiB per GPU ({plan['headroom_gib']} kept free); micro-batch per GPU fixed as "
              "the GPU count grows (weak scaling); pipeline layouts at max(train.grad_accum, pp) micro-batches per "
              "step; levers as `auto` resolves them for the layout (eager where compiled runs of a dimension were not "
-             "checked on a GPU: training/levers.py). Predictions, not measurements: the model's held-out error on one node is in BENCHMARKS.md "
-             "Part 6.", ""]
+             "checked on a GPU: training/levers.py). Predictions, not measurements: the model's held-out error on one "
+             "node is in experiments/step_time.", ""]
     top = best(frame)
     for model, part in top.groupby("model", sort=False):
         lines += [f"## {model}", "", "| GPUs | layout | strategy | mb | levers | tokens/s per GPU | MFU | bound | "

@@ -150,7 +150,7 @@ class Rates:
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
 
     @classmethod
-    def load(cls, path, adjust=lambda calibration: calibration) -> "Rates":
+    def load(cls, path, adjust=lambda calibration: calibration) -> Rates:
         """The rates of a calibration.json (`adjust`ed: load_rates); ValueError naming the file where it is missing
         or has no curves."""
         try:
@@ -161,7 +161,7 @@ class Rates:
             raise ValueError(f"{path}: {exc}") from None
 
     @classmethod
-    def of(cls, calibration: dict) -> "Rates":
+    def of(cls, calibration: dict) -> Rates:
         rows = {r["name"]: r["value"] for r in calibration["rows"] if r["value"] is not None}
         curves = calibration.get("curves") or {}
         missing = [k for k in ("matmul_bf16", "sdpa_bf16") if not curves.get(k)]
@@ -270,7 +270,8 @@ def load_rates(path, rates: Path = RATES) -> Rates:
 
 
 def at_ranks(points: tuple, ranks: int) -> float:
-    """The value of ((rank count, value), ...) measured at the rank count nearest `ranks` (the larger of two as near)."""
+    """The value of ((rank count, value), ...) measured at the rank count nearest `ranks` (the larger of two as
+    near)."""
     return min(points, key=lambda p: (abs(p[0] - ranks), -p[0]))[1]
 
 
@@ -749,9 +750,17 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     `train` its resolved train settings, `applied` the levers it recorded having applied (strategy_settings.json)."""
     import json
 
-    from workflow_scripts.plan.predict import (count_modules, count_params, count_tensors, engine_choices,
-                                               host_copy_bytes, kernel_ratio, recorded_wrap_blocks, shape,
-                                               tokens_per_sample)
+    from workflow_scripts.plan.predict import (
+        count_modules,
+        count_params,
+        count_tensors,
+        engine_choices,
+        host_copy_bytes,
+        kernel_ratio,
+        recorded_wrap_blocks,
+        shape,
+        tokens_per_sample,
+    )
     from workflow_scripts.training import recompute
     from workflow_scripts.training.levers import lever_set
     from workflow_scripts.training.models import MODELS

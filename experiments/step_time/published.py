@@ -3,10 +3,11 @@ torchtitan's Llama 3.1 8B with FSDP on 8 and on 128 H100 (pytorch/torchtitan, be
 llama3_h100_202412_torchtitan.md, Tables 1 and 3: local batch 2 x 8,192 tokens, selective activation checkpointing,
 bf16 parameters and fp32 gradient reduction, eager and with each block compiled).
 
-    python -m workflow_scripts.bench.published_step [--out results/step_time]
+    python -m experiments.step_time.published [--out DIR]
 
-The rates are those of an H100 we measured (results/calibration/h100: its GEMM and SDPA curves, copies, launch
-cost); the network is stated (plan/fabric.py: NVSwitch inside a node of 8, one 400 Gb/s NIC per GPU between nodes,
+The rates are those of the H100 kind (its rate file, workflow_scripts/plan/rates/h100.json: the GEMM and SDPA curves
+and copies of an H100 we measured, the kind's median launch cost); the network is stated (plan/fabric.py: NVSwitch
+inside a node of 8, one 400 Gb/s NIC per GPU between nodes,
 as the benchmark's Grand Teton hosts). Their H100 differ from ours (96 GB HBM2e at 2.4 TB/s and a 500 W power limit,
 against 80 GB HBM3 at 3.35 TB/s and 700 W): a part of any error is the machine, which no calibration of ours sees.
 """
@@ -20,8 +21,7 @@ from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan import step_time as st
 from workflow_scripts.plan.fabric import Fabric
 
-REPO = Path(__file__).resolve().parents[2]
-CALIBRATION = REPO / "results/calibration/h100/calibration.json"
+CALIBRATION = st.RATES / "h100.json"
 # Llama 3.1 8B as published (meta-llama/Llama-3.1-8B config.json): 32 layers, hidden 4096, MLP 14336, 32 heads of
 # 128, 8 KV heads, vocabulary 128,256, untied embeddings; 8.03 B parameters
 LLAMA_8B = mm.Shape("llama", n_params=8_030_261_248, n_layer=32, d=4096, ffn=14336, kv=1024, head_dim=128,
@@ -60,8 +60,8 @@ def table() -> str:
                      f"{tokens:,.0f} | {errors[-1]:+.1%} | {mfu(flops_per_token(), tokens, 1, rates.device):.1%} "
                      f"| {p.bound} | {parts} |")
     mean = sum(abs(e) for e in errors) / len(errors)
-    return "\n".join([f"Rates: {rates.device}, `{CALIBRATION.relative_to(REPO)}` with the kind's median launch cost "
-                      f"({rates.launch_us:.1f} µs, load_rates); network: {FABRIC.describe()}.", "",
+    return "\n".join([f"Rates: {rates.device}, the kind's rate file `plan/rates/{CALIBRATION.name}` (median launch "
+                      f"cost {rates.launch_us:.1f} µs); network: {FABRIC.describe()}.", "",
                       *lines, "", f"Mean absolute error: {mean:.1%} over {len(errors)} published rows."])
 
 

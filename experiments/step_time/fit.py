@@ -1,18 +1,18 @@
 """The step-time model (plan/step_time.py) against the committed GPU sets: its constants fitted on the one-GPU sets
 only, its error on the others (held out), every row listed.
 
-    python -m workflow_scripts.bench.step_time            # the held-out test with the committed constants
-    python -m workflow_scripts.bench.step_time --fit      # refit the constants on the one-GPU sets, then the test
-    python -m workflow_scripts.bench.step_time --fit --same-sets   # refit on the sets the last fit named only
-                                                                  # (the later one-GPU sets stay a prospective test)
+    python -m experiments.step_time.fit --results DIR            # the held-out test with the committed constants
+    python -m experiments.step_time.fit --results DIR --fit      # refit the constants on the one-GPU sets, then test
+    python -m experiments.step_time.fit --results DIR --fit --same-sets   # refit on the sets the last fit named only
+                                                                         # (the later one-GPU sets: a prospective test)
 
-Each row's rates: the GEMM and attention curves and the device copy bandwidth of its GPU kind
-(results/calibration/<kind>/, measured once per kind); the bus bandwidths and host_beside of the set's own
-calibration where it has one (its machine), else the median of the kind's calibrations (kind_collectives); the host
-costs (launch, DTensor's dispatch of a tensor-parallel linear, ZeRO-3's hooks) and block-kernel paces the median of
-every committed calibration of the kind, the set's own among them (plan.step_time.kind_medians, machine_row:
+DIR: a tree of result sets (calibration/<kind>/ among them). Each row's rates: its GPU kind's rate file as
+experiments.step_time.rates writes it from DIR (the kind's GEMM and attention curves and device copy bandwidth, its
+host costs and block-kernel paces the median over every calibration of the kind in DIR, the set's own among them:
 machines of one kind launch at 6-10 us, and one machine's own launch measure did not order the machines by their
-steps), as a study's own rows take them (report.parse, plan.step_time.load_rates). Compared: the predicted step time
+steps); the bus bandwidths and host_beside of the set's own calibration where it has one (its machine), else the
+median of the kind's calibrations (kind_collectives): as a study's own rows take them (report.parse,
+plan.step_time.load_rates). Compared: the predicted step time
 against the row's median step time (`step_time_median_s`). A row whose timed steps followed a profiler window in
 their process (`after_trace`, measure.metrics.timed_after_trace) carries the profiler's after-effect: no fit uses
 it, and each error is given with and without such rows. Prints a markdown table, then the twins (the same run
@@ -29,10 +29,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.step_time import rates as kind_rates
 from workflow_scripts import columns as C
 from workflow_scripts.plan import step_time as st
 
-KINDS = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200"}  # device name -> results/calibration/<kind>
+KINDS = {gpu: kind for kind, gpu in kind_rates.KINDS.items()}  # device name -> its rate file and calibration/<kind>
 # what each constant may be (its physics): a block, compiled or not, moves at least what the committed trace of
 # compiled GPT-2-medium blocks shows its kernels outside the matmuls move (bench_harness/h100-ddp-profile-mb16:
 # 36 bytes per token, layer and d + f; a fit left free went to 8-12, trading the device's bytes for the host's
@@ -75,8 +76,9 @@ def rates_for(row, results: Path, cache: dict) -> st.Rates:
     own_path = results / row["set"] / C.CALIBRATION
     key = (row["device_name"], str(own_path))
     if key not in cache:
-        kind = json.loads((results / "calibration" / KINDS[row["device_name"]] / "calibration.json").read_text())
-        kind = st.with_kind_medians(kind, results)
+        if "calibrations" not in cache:
+            cache["calibrations"] = kind_rates.calibrations(results)
+        kind = kind_rates.rate_file(cache["calibrations"], KINDS[row["device_name"]])
         own = json.loads(own_path.read_text()) if own_path.exists() else None
         cache[key] = st.Rates.of(merged_calibration(merged_calibration(kind, kind_collectives(row, results)), own))
     return cache[key]
@@ -84,8 +86,8 @@ def rates_for(row, results: Path, cache: dict) -> st.Rates:
 
 def kind_collectives(row, results: Path) -> dict:
     """The bus bandwidths of the row's GPU kind for a set without its own: per collective, rank count and size, the
-    median over the kind's calibrations that measured it (results/calibration/<kind>*/: machines of one kind, as
-    for the host costs)."""
+    median over the kind's calibration sets that measured it (calibration/<name>/ in the tree: machines of one kind,
+    as for the host costs)."""
     import statistics
 
     measured: dict = {}
@@ -349,8 +351,9 @@ def fit(rows: pd.DataFrame, runs: list, results: Path, same_sets: bool = False) 
     try:
         from scipy.optimize import minimize
     except ImportError:  # not in envs/requirements.txt: transformers imports it into every rank where it is installed
-        raise SystemExit("bench.step_time --fit needs scipy (pip install scipy); the pipeline leaves it out, as every "
-                         "training rank would import it through transformers (0.3-1 s a launch)") from None
+        raise SystemExit("experiments.step_time.fit --fit needs scipy (pip install scipy); the pipeline leaves it "
+                         "out, as every training rank would import it through transformers (0.3-1 s a launch)"
+                         ) from None
 
     train = fit_class(pd.DataFrame({"gpus": rows["world_size"].astype(int).values, "set": rows["set"].values}))
     train &= ~rows["after_trace"].values.astype(bool)
@@ -406,7 +409,7 @@ def write_fit(fit_result: dict) -> None:
     """step_time_fit.json, the one place of the constants, with what they were fitted on and the commit."""
     from workflow_scripts.measure.provenance import git_state
 
-    record = {**fit_result, "git": git_state(), "how": "python -m workflow_scripts.bench.step_time --fit"}
+    record = {**fit_result, "git": git_state(), "how": "python -m experiments.step_time.fit --fit"}
     st.FIT_FILE.write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -438,7 +441,7 @@ def markdown(frame: pd.DataFrame) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", default="results")
+    ap.add_argument("--results", default="results", help="the tree of result sets")
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--same-sets", action="store_true", help="with --fit: only the sets step_time_fit.json names")
     ap.add_argument("--out", help="a folder for step_time.md / .csv and traced_parts.md / .csv")

@@ -1,6 +1,6 @@
 """How well the memory prediction does on every committed GPU run (a benchmark: prints, times nothing):
 
-    python3 -m workflow_scripts.bench.memory [--results results] [--out table.md]
+    python3 -m experiments.memory.peaks --results DIR [--out table.md] [--figure predicted_vs_measured.png]
 
 For each ok GPU row of every committed result set: the measured peak (torch max_memory_allocated, max over ranks)
 against the analytic and the traced prediction (workflow_scripts/plan), the relative error of each, and why a row
@@ -21,9 +21,8 @@ from workflow_scripts.plan.predict import predict_run
 from workflow_scripts.units import GIB
 
 
-
 def committed_rows(results: Path) -> list[tuple[str, Path, float]]:
-    """(set name, run directory, sampled device-wide peak) of every ok GPU run under results/."""
+    """(set name, run directory, sampled device-wide peak) of every ok GPU run of the sets under `results`."""
     out = []
     for runs_csv in sorted(results.glob(f"**/{C.RUNS_TABLE}")):
         tables = runs_csv.parent
@@ -112,7 +111,7 @@ def memory_prediction_figure(frame: pd.DataFrame, style: dict):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", default="results")
+    ap.add_argument("--results", default="results", help="the tree of result sets")
     ap.add_argument("--out", help="also write the Markdown table here")
     ap.add_argument("--figure", help="also draw predicted against measured into this image")
     args = ap.parse_args(argv)
