@@ -1,5 +1,19 @@
-# Stage 6: seaborn figures (PNG + PDF) and the paper's summary table. Only figure/table settings are params
-# here, so editing them reruns these rules and never a training job.
+# Stage 6: seaborn figures (PNG + PDF), the paper's summary table and the findings (the report's first page,
+# report/workflow.rst). Only figure/table settings are params here, so editing them reruns these rules and never
+# a training job. The figures are those the registry says this study has data for (figure_registry.applies).
+
+
+report: "../report/workflow.rst"
+
+
+FIGURES = figure_registry.names("figures", config)
+
+
+def verified(wildcards):
+    """Target verify's table where it exists: the findings then give its verdict (report_hook brings them up to
+    date after a run of verify)."""
+    table = rules.compare_with_committed.output.csv
+    return [table] if os.path.exists(table) else []
 
 
 rule summary_table:
@@ -59,6 +73,31 @@ rule figures:
         IMAGE
     params:
         style=json.dumps(config["figures"], sort_keys=True),
+        names=",".join(FIGURES),
     shell:
         "python3 -m workflow_scripts.report.figures --runs {input.runs} --steps {input.steps} --vram {input.vram} "
-        "--style {params.style:q} --out-dir $(dirname {output.png[0]}) > {log} 2>&1"
+        "--names {params.names} --style {params.style:q} --out-dir $(dirname {output.png[0]}) > {log} 2>&1"
+
+
+rule findings:
+    input:
+        runs=rules.parse.output.runs,
+        verify=verified,
+        code=stage_code("report.findings", "report.tables", "report.stats"),
+    output:
+        md=report(
+            f"{R}/tables/findings.md",
+            caption="../report/captions/findings.rst",
+            category="Tables",
+        ),
+        rst=f"{R}/tables/findings.rst",
+    log:
+        f"{R}/logs/findings.log",
+    container:
+        IMAGE
+    params:
+        study=config["study"],
+        verify=lambda w, input: f"--verify {input.verify[0]}" if input.verify else "",
+    shell:
+        "python3 -m workflow_scripts.report.findings --runs {input.runs} {params.verify} --study {params.study:q} "
+        "--md {output.md} --rst {output.rst} > {log} 2>&1"

@@ -1,5 +1,6 @@
 """Figures on the synthetic study of test_tables.make_study: files written and valid, hidden strategies left out,
-failed runs marked, the peak-memory legend naming the three memories, the CPU MFU panel, empty inputs."""
+failed runs marked, the peak-memory legend naming the three memories, the CPU MFU panel, empty inputs; and which
+figures the registry makes for a study config (only those with data)."""
 from __future__ import annotations
 
 import json
@@ -61,7 +62,8 @@ def test_cli_writes_every_figure_as_valid_png_and_pdf(gpu, tmp_path):
         png, pdf = out / f"{name}.png", out / f"{name}.pdf"
         width, height = png_size(png)
         assert width >= 150 and height >= 100, name
-        least = 1_000 if name == "accuracy" else 5_000  # no image classifier here: one axes saying so
+        # no image classifier, one layout per world size here: one axes saying so
+        least = 1_000 if name in ("accuracy", "layouts") else 5_000
         assert png.stat().st_size > least, name
         assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > least, name
     assert 0.8 * 2 * 4 * 50 < png_size(out / "throughput.png")[0] < 1.2 * 2 * 4 * 50  # 2 panels x width x dpi
@@ -119,13 +121,14 @@ def test_axis_labels_say_which_memory_and_unit(gpu):
     assert ylabels == {"device-wide used (NVML) (GiB)"}
 
 
-def test_scaling_single_world_size_note(gpu, tmp_path):
+def test_scaling_draws_only_models_run_at_several_world_sizes(gpu, tmp_path):
     import pandas as pd
 
+    assert [ax.get_title() for ax in figures.scaling_figure(load(gpu)).axes] == ["gpt2-tiny"]
     runs = pd.read_csv(gpu["runs"])
     runs[runs["world_size"] == 1].to_csv(tmp_path / "runs.csv", index=False)
     data = load({**gpu, "runs": tmp_path / "runs.csv"})
-    assert any("one world size only" in t for t in texts(figures.scaling_figure(data)))
+    assert "no model ran at more than one world size" in texts(figures.scaling_figure(data))
 
 
 @pytest.mark.parametrize("case", ["header_only", "all_unsupported"])
@@ -150,19 +153,31 @@ def test_style_rejects_unknown_keys():
     assert figures.parse_style("")["dpi"] == 150
 
 
-def test_layouts_figure_shows_each_ranks_memory_and_the_mfu_per_layout():
-    """On the committed 2 x H200 parallelism tables: one bar per rank (pipeline stages differ), MFU bars as in the
-    table, the 1D layout first."""
-    tables = HERE.parent / "results/parallelism/h200x2/tables"
-    data = load({"runs": tables / "runs.csv", "steps": tables / "steps.csv", "vram": tables / "vram.csv"})
-    speed, memory = figures.layouts_figure(data).axes
-    assert [t.get_text() for t in speed.get_xticklabels()] == ["ws2", "dp1-pp2", "dp1-tp2"]
-    runs = data.runs.set_index("layout")
-    assert [p.get_height() for p in speed.patches] == pytest.approx(list(100 * runs.loc[["ws2", "dp1-pp2", "dp1-tp2"], "mfu"]))
-    heights = [p.get_height() * 2**30 for p in memory.patches]
-    want = [v for key in ("ws2", "dp1-pp2", "dp1-tp2")
-            for v in figures.rank_values(runs.loc[key, "peak_allocated_bytes_per_rank"])]
-    assert heights == pytest.approx(want) and heights[2] > heights[3]  # the first stage holds the embedding
+def test_layouts_figure_draws_each_ranks_memory_and_the_mfu_per_layout(gpu, tmp_path):
+    """ddp at 2 GPUs as two layouts: ws2 with MFU 20, 22, 24 % (mean 22) and 1 GiB on each rank, dp1-pp2 with
+    MFU 10, 12, 14 % (mean 12) and its stages' 1.5 and 0.5 GiB: one MFU bar per layout, one memory bar per rank."""
+    import pandas as pd
+
+    runs = pd.read_csv(gpu["runs"])
+    ws2 = runs[(runs["strategy"] == "ddp") & (runs["world_size"] == 2)].assign(
+        mfu=[0.20, 0.22, 0.24], peak_allocated_bytes_per_rank=json.dumps([2**30, 2**30]))
+    pp = ws2.assign(layout="dp1-pp2", run_id=ws2["run_id"] + "-pp", mfu=[0.10, 0.12, 0.14],
+                    peak_allocated_bytes_per_rank=json.dumps([1.5 * 2**30, 0.5 * 2**30]))
+    pd.concat([ws2, pp]).to_csv(tmp_path / "runs.csv", index=False)
+    speed, memory = figures.layouts_figure(load({**gpu, "runs": tmp_path / "runs.csv"})).axes
+    assert [t.get_text() for t in speed.get_xticklabels()] == ["ws2", "dp1-pp2"]
+    assert [p.get_height() for p in speed.patches] == pytest.approx([22.0, 12.0])
+    assert [p.get_height() for p in memory.patches] == pytest.approx([1.0, 1.0, 1.5, 0.5])
+    assert "GiB" in memory.get_ylabel()
+
+
+def test_cli_draws_the_named_figures_only(gpu, tmp_path):
+    figures.main(["--runs", str(gpu["runs"]), "--steps", str(gpu["steps"]), "--vram", str(gpu["vram"]),
+                  "--style", json.dumps({"dpi": 40}), "--names", "throughput,phases", "--out-dir", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["phases.pdf", "phases.png", "throughput.pdf",
+                                                          "throughput.png"]
+    with pytest.raises(SystemExit, match="--names accuracyy: not a study figure"):
+        figures.write_all(load(gpu), tmp_path, ["accuracyy"])
 
 
 def test_predicted_speed_ticks_the_prediction_and_names_the_rows_without_one(gpu):
@@ -194,13 +209,70 @@ def test_every_figure_joins_the_registry_once_with_a_caption():
         assert e.caption.read_text().strip(), e.name
         assert callable(e.load()), e.function
     registered = {e.function for e in figure_registry.ENTRIES}
-    root = HERE.parent / "workflow_scripts"
-    for path in root.rglob("*.py"):
-        text, module = path.read_text(), ".".join(path.relative_to(root).with_suffix("").parts)
-        if path.name != "style.py":
-            assert "savefig(" not in text and "set_theme(" not in text, path
-        if "def " in text and "_figure(" in text and path.name != "figure_registry.py":
-            mod = importlib.import_module(f"workflow_scripts.{module}")
-            drawn = {f"{module}:{n}" for n, f in vars(mod).items()
-                     if n.endswith("_figure") and callable(f) and getattr(f, "__module__", "") == mod.__name__}
-            assert drawn <= registered, drawn - registered
+    for root in (HERE.parent / "workflow_scripts", HERE.parent / "experiments"):
+        for path in root.rglob("*.py"):
+            text = path.read_text()
+            module = ".".join(path.relative_to(HERE.parent).with_suffix("").parts)
+            if path.name != "style.py":
+                assert "savefig(" not in text and "set_theme(" not in text, path
+            if "def " in text and "_figure(" in text and path.name != "figure_registry.py":
+                mod = importlib.import_module(module)
+                drawn = {f"{module}:{n}" for n, f in vars(mod).items()
+                         if n.endswith("_figure") and callable(f) and getattr(f, "__module__", "") == mod.__name__}
+                assert drawn <= registered, drawn - registered
+
+
+# ---------------------------------------------------------------- which figures a study makes
+def study_config(**changes) -> dict:
+    """config.yaml with `changes` on top, its defaults filled by the schema as the workflow fills them."""
+    import copy
+
+    import yaml
+    from snakemake.utils import validate
+
+    config = yaml.safe_load((HERE.parent / "config.yaml").read_text())
+    config = {**copy.deepcopy(config), **changes}
+    validate(config, schema=str(HERE.parent / "schemas/config.schema.yaml"), set_default=True)
+    return config
+
+
+STUDY_STAGES = ("figures", "calibration_figure", "trace_report", "claims")
+EVERY_STUDY = {"loss_curves", "peak_memory", "throughput", "time_per_epoch", "memory_vs_throughput", "phases",
+               "calibration"}
+
+
+def made(config: dict) -> set[str]:
+    return {n for stage in STUDY_STAGES for n in figure_registry.names(stage, config)}
+
+
+def test_the_default_cpu_study_makes_only_figures_with_data():
+    """A text study on CPU, one world size, one layout, the host sampler, no profile, no publication: no MFU,
+    prediction, scaling, layouts, accuracy, traces or claims."""
+    config = study_config()
+    assert made(config) == EVERY_STUDY | {"memory_timeline"}
+    files = figure_registry.study_files(config, "results/default")
+    assert "results/default/figures/memory_timeline.pdf" in files and len(files) == 2 * 8
+
+
+def test_a_gpu_vision_study_with_layouts_makes_every_study_figure():
+    """cuda, image classifiers at world sizes 1 and 2 and a pipeline layout at 2, profiled, with a publication."""
+    config = study_config(platform="cuda", data={"kind": "images"}, models=["vit-base-16"], strategies=["ddp"],
+                          world_sizes=[1, 2], layouts=[{"dp": 1, "pp": 2}], profile={"enabled": True},
+                          published={"source": "a paper", "claims": [{"model": "vit-base-16", "strategy": "ddp",
+                                                                      "seconds_per_epoch": 10.0}]})
+    assert made(config) == EVERY_STUDY | {"memory_timeline", "mfu", "predicted_speed", "scaling", "layouts",
+                                          "accuracy", "traces", "claims"}
+
+
+def test_scaling_and_layouts_need_more_than_one_of_them_for_one_model():
+    """Two models at one world size each: no model scales; no sampler: no memory timeline. World sizes 1, 2, 4 in
+    pure data parallel scale, but compare no layouts (one layout per world size); a tensor-parallel layout at 4
+    beside ws4 does, and a 4-rank layout alone (dp1-tp4 at world size 4, ws2 beside it) does not."""
+    config = study_config(groups=[{"models": ["gpt2-tiny"], "strategies": ["ddp"], "world_sizes": [1]},
+                                  {"models": ["gpt2"], "strategies": ["ddp"], "world_sizes": [2]}],
+                          sampler={"backend": "none"})
+    assert made(config) == EVERY_STUDY
+    assert made(study_config(world_sizes=[1, 2, 4])) == EVERY_STUDY | {"memory_timeline", "scaling"}
+    assert made(study_config(world_sizes=[1, 2, 4], layouts=[{"dp": 2, "tp": 2}])) == EVERY_STUDY | {
+        "memory_timeline", "scaling", "layouts"}
+    assert made(study_config(world_sizes=[2], layouts=[{"dp": 1, "tp": 4}])) == EVERY_STUDY | {"memory_timeline"}

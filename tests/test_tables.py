@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workflow_scripts.report import stats, tables  # noqa: E402
 
 RUNS_COLUMNS = (
-    "run_id study model strategy family zero_stage world_size repeat platform device_name precision precision_detail "
+    "run_id study model strategy family zero_stage layout world_size repeat platform device_name precision precision_detail "
     "status reason in_figures n_params n_layer d_model seq_len vocab_size micro_batch grad_accum effective_batch "
     "tokens_per_step steps steps_per_epoch epochs train_samples time_per_epoch_s train_time_s step_time_median_s "
     "step_time_p90_s forward_median_s backward_median_s optimizer_median_s tokens_per_s samples_per_s "
@@ -26,9 +26,9 @@ RUNS_COLUMNS = (
     "final_loss val_loss_initial val_loss_final val_ppl_final predicted_model_state_bytes predicted_host_state_bytes "
     "sampler_status sampler_peak_device_bytes sampler_peak_host_bytes predicted_tokens_per_s provenance settings"
 ).split()
-STEPS_COLUMNS = ("run_id model strategy world_size repeat step epoch loss lr step_time_s forward_s backward_s "
+STEPS_COLUMNS = ("run_id model strategy layout world_size repeat step epoch loss lr step_time_s forward_s backward_s "
                  "optimizer_s tokens samples warmup wall_s profiled").split()
-VRAM_COLUMNS = ("run_id model strategy world_size repeat time_unix t_s backend device used_bytes total_bytes "
+VRAM_COLUMNS = ("run_id model strategy layout world_size repeat time_unix t_s backend device used_bytes total_bytes "
                 "process_bytes step").split()
 
 GiB = 2 ** 30
@@ -62,7 +62,7 @@ def run_row(strategy, stage, in_figures, ws, repeat, status, tps, cpu):
     return {
         "run_id": f"{MODEL}-{strategy}-w{ws}-r{repeat}", "study": "synthetic", "model": MODEL, "strategy": strategy,
         "family": "ddp" if strategy == "ddp" else "fsdp" if strategy == "fsdp" else "deepspeed",
-        "zero_stage": stage, "world_size": ws, "repeat": repeat, "platform": "cpu" if cpu else "cuda",
+        "zero_stage": stage, "layout": f"ws{ws}", "world_size": ws, "repeat": repeat, "platform": "cpu" if cpu else "cuda",
         "device_name": "cpu" if cpu else "NVIDIA H100 80GB HBM3", "precision": "bf16-pure", "precision_detail": "",
         "status": status, "reason": "" if ok else REASONS[status], "in_figures": in_figures, "n_params": n_params,
         "n_layer": 2, "d_model": 128, "seq_len": 128, "vocab_size": 8192, "micro_batch": 4, "grad_accum": 1,
@@ -90,7 +90,7 @@ def run_row(strategy, stage, in_figures, ws, repeat, status, tps, cpu):
 
 def step_rows(run: dict) -> list[dict]:
     last = 20 if run["status"] == "ok" else 3 if run["status"] == "oom" else 0
-    return [{"run_id": run["run_id"], "model": run["model"], "strategy": run["strategy"],
+    return [{"run_id": run["run_id"], "model": run["model"], "strategy": run["strategy"], "layout": run["layout"],
              "world_size": run["world_size"], "repeat": run["repeat"], "step": s, "epoch": (s - 1) // 10,
              "loss": 9.0 - 0.2 * s + 0.02 * run["repeat"], "lr": 3e-4, "step_time_s": 0.5, "forward_s": 0.1,
              "backward_s": 0.2, "optimizer_s": 0.1, "tokens": run["tokens_per_step"],
@@ -102,7 +102,7 @@ def vram_rows(run: dict, cpu: bool) -> list[dict]:
         return []
     devices = [-1] if cpu else list(range(run["world_size"]))
     n = 40 if run["status"] == "ok" else 6
-    return [{"run_id": run["run_id"], "model": run["model"], "strategy": run["strategy"],
+    return [{"run_id": run["run_id"], "model": run["model"], "strategy": run["strategy"], "layout": run["layout"],
              "world_size": run["world_size"], "repeat": run["repeat"], "time_unix": 1.7e9 + 0.25 * i,
              "t_s": 0.25 * i, "backend": "host" if cpu else "nvml", "device": d,
              "used_bytes": (0.5 + min(i, 10) * 0.1) * GiB + d * 1e6, "total_bytes": 80 * GiB,
@@ -132,25 +132,35 @@ def test_t_quantile_matches_printed_table(dof, expected):
 
 
 def test_mean_ci_by_hand():
+    """1000, 1100, 1200: mean 1100, sd 100; t(0.975, 2) = 4.3027 (printed table) -> half-width
+    4.3027 x 100 / sqrt(3) = 248.41."""
     ci = stats.mean_ci(DDP_TPS + [float("nan")])  # NaN dropped
     assert ci.n == 3 and ci.mean == pytest.approx(1100.0) and ci.sd == pytest.approx(100.0)
-    assert ci.half_width == pytest.approx(4.302653 * 100.0 / math.sqrt(3), rel=1e-6)  # 248.41
-    assert (ci.low, ci.high) == pytest.approx((1100 - 248.4138, 1100 + 248.4138), abs=1e-3)
+    assert ci.half_width == pytest.approx(248.41, abs=0.01)
+    assert (ci.low, ci.high) == pytest.approx((851.59, 1348.41), abs=0.01)
     one = stats.mean_ci([7.0])
     assert one.mean == 7.0 and math.isnan(one.half_width)
     assert math.isnan(stats.mean_ci([]).mean)
 
 
+def t_two_sided_p(t: float, dof: float, steps: int = 200_000) -> float:
+    """2 P(T > |t|) by Simpson's rule over Student's t density on [0, |t|] (independent of stats' beta function)."""
+    c = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
+    f = (lambda x: c * (1 + x * x / dof) ** (-(dof + 1) / 2))
+    h = abs(t) / steps
+    area = f(0) + f(abs(t)) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, steps))
+    return 1 - 2 * area * h / 3
+
+
 def test_welch_by_hand():
-    a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0]
-    va, vb = (5 / 3) / 4, 4.0 / 3  # variance / n
-    t = (2.5 - 4.0) / math.sqrt(va + vb)
-    dof = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 2)
-    w = stats.welch(a, b)
-    assert w.t == pytest.approx(t) and w.dof == pytest.approx(dof)
-    assert w.p == pytest.approx(2 * stats.t_sf(abs(t), dof))
-    assert 0.2 < w.p < 0.4  # |t| = 1.21 on ~3 dof
-    assert math.isnan(stats.welch([1.0], b).p)
+    """a = 1..4: mean 2.5, variance 5/3; b = 2, 4, 6: mean 4, variance 4. Variances of the means 0.41667 and
+    1.33333: t = -1.5 / sqrt(1.75) = -1.13389; Welch-Satterthwaite dof = 1.75^2 / (0.41667^2/3 + 1.33333^2/2)
+    = 3.2347; the p-value from the t density integrated numerically."""
+    w = stats.welch([1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0])
+    assert w.t == pytest.approx(-1.13389, abs=1e-5) and w.dof == pytest.approx(3.2347, abs=1e-4)
+    assert w.p == pytest.approx(t_two_sided_p(-1.13389, 3.2347), abs=1e-4)
+    assert 0.2 < w.p < 0.4  # the printed table: |t| between t(0.8, 3) = 0.978 and t(0.9, 3) = 1.638
+    assert math.isnan(stats.welch([1.0], [2.0, 4.0, 6.0]).p)
 
 
 def test_welch_matches_scipy():
@@ -282,3 +292,92 @@ def test_all_unsupported_study(tmp_path):
     summary = tables.write_all(paths["runs"], tmp_path / "out")
     assert (summary["status"] == "unsupported").all() and len(summary) == len({(p[0], p[3]) for p in PLAN})
     assert "no successful run reported one" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_table_without_layout_keys_is_one_clear_error(tmp_path):
+    paths = make_study(tmp_path)
+    runs = pd.read_csv(paths["runs"])
+    runs.loc[3, "layout"] = None
+    runs.to_csv(paths["runs"], index=False)
+    with pytest.raises(ValueError, match=r"1 of 27 rows have no layout key or world size \(the first: run gpt2-tiny-zero0-w1-r0\)"):
+        tables.read_runs(paths["runs"])
+    with pytest.raises(ValueError, match="no `layout` column"):
+        tables.with_layout(runs.drop(columns="layout"))
+
+
+# ---------------------------------------------------------------- findings (the report's first page)
+def findings_of(tmp_path, reproduction: pd.DataFrame | None = None) -> tuple[str, str]:
+    from workflow_scripts.report import findings
+
+    paths = make_study(tmp_path / "in")
+    args = ["--runs", str(paths["runs"]), "--study", "synthetic", "--md", str(tmp_path / "f.md"),
+            "--rst", str(tmp_path / "f.rst")]
+    if reproduction is not None:
+        reproduction.to_csv(tmp_path / "reproduction.csv", index=False)
+        args += ["--verify", str(tmp_path / "reproduction.csv")]
+    findings.main(args)
+    return (tmp_path / "f.md").read_text(), (tmp_path / "f.rst").read_text()
+
+
+def md_rows(md: str, section: str) -> list[list[str]]:
+    block = md.split(f"## {section}\n")[1].split("\n## ")[0]
+    return [[c.strip() for c in line.strip("|").split(" | ")] for line in block.splitlines()
+            if line.startswith("| ") and not line.startswith("| Model |") and not line.startswith("| Verdict |")]
+
+
+def test_findings_fastest_and_lowest_memory_by_hand(tmp_path):
+    """1 GPU: zero2 2000, 2010, 1990 tokens/s (sd 10: ± 4.3027 x 10 / sqrt(3) = 24.8) against ddp 1100 (+82 %);
+    Welch t = 900 / sqrt(100^2/3 + 10^2/3) = 15.5 on 2.04 dof: p = 0.004. Peak memory (sampler): zero2 1.30, 1.31,
+    1.32 GiB against ddp's 1.51 (-13 %); fsdp's is torch reserved (no sampler value), so it is not ranked. zero0 is
+    hidden (identical to ddp): 5 strategies, 3 ran to ok. 2 GPUs: zero2 4000 ± 50 against zero3's one repeat 3000
+    (+33 %, not testable); lowest memory zero3 1.20 GiB against zero2 1.31 (-8 %)."""
+    md, _ = findings_of(tmp_path)
+    one, two = md_rows(md, "Findings")
+    assert one == ["gpt2-tiny", "1 GPU", "zero2", "2,000 ± 25 tokens/s [1]", "+82 % over ddp (Welch p = 0.004)",
+                   "zero2", "1.31 ± 0.02 GiB [2]", "−13 % under ddp", "3 of 5"]
+    assert two[:6] == ["gpt2-tiny", "2 GPUs", "zero2", "4,000 ± 50 tokens/s [1]",
+                       "+33 % over zero3 (not tested: under 2 repeats)", "zero3"]
+    assert two[6:] == ["1.20 GiB [2]", "−8 % under zero2", "4 of 5"]
+    assert "[2] device-wide peak from the NVML/amdsmi sampler" in md
+    assert "Left out of the rankings (identical to another strategy, in the tables only): zero0." in md
+
+
+def test_findings_summary_ranks_and_what_was_not_measured(tmp_path):
+    md, _ = findings_of(tmp_path)
+    rows = {(r[1], r[2]): r for r in md_rows(md, "Summary")}
+    # 1 GPU by tokens/s: zero2 2000, ddp 1100, fsdp 925; by sampler peak: zero2 1.31, ddp 1.51 (fsdp: reserved)
+    assert [rows[("1 GPU", s)][5] for s in ("zero2", "ddp", "fsdp")] == ["1", "2", "3"]
+    assert [rows[("1 GPU", s)][7] for s in ("zero2", "ddp")] == ["1", "2"]
+    assert rows[("1 GPU", "fsdp")][7].startswith("– [")
+    assert rows[("1 GPU", "zero0")][5].startswith("– [") and rows[("1 GPU", "zero3")][3:6] == ["OOM", "–", "–"]
+    assert rows[("1 GPU", "fsdp")][3] == "ok (2/3 ok; 1 failed)" and rows[("1 GPU", "fsdp")][9] == "2/3"
+    assert md_rows(md, "Not measured") == [
+        ["gpt2-tiny", "1 GPU", "zero3", "OOM", "CUDA out of memory at step 3"],
+        ["gpt2-tiny", "1 GPU", "zero_infinity", "unsupported", "needs libaio (async_io op)"],
+        ["gpt2-tiny", "1 GPU", "fsdp", "2/3 ok; 1 failed", "rank 1 exited with code 1"],
+        ["gpt2-tiny", "2 GPUs", "zero_infinity", "unsupported", "needs libaio (async_io op)"]]
+    assert "Reproduction" not in md  # no verify output given
+
+
+def test_findings_give_verifys_verdict(tmp_path):
+    keys = [("gpt2-tiny", s, "ws1", 0) for s in ("ddp", "zero2", "zero3", "fsdp", "zero_infinity")]
+    verdicts = ["reproduced", "reproduced", "differs-explained", "differs-unexplained", "reproduced"]
+    reproduction = pd.DataFrame([{"model": m, "strategy": s, "layout": k, "repeat": r, "verdict": v,
+                                  "why": "throughput 0.71x" if v == "differs-unexplained" else ""}
+                                 for (m, s, k, r), v in zip(keys, verdicts)])
+    md, _ = findings_of(tmp_path, reproduction)
+    block = md.split("## Reproduction (target verify)\n")[1].split("\n## ")[0]
+    assert "| reproduced | 3 |" in block and "| differs-explained | 1 |" in block
+    assert "| fails | 4 of 5 reproduced or explained |" in block
+    assert md_rows(md, "Rows neither reproduced nor explained") == [
+        ["gpt2-tiny", "fsdp", "ws1", "0", "differs-unexplained", "throughput 0.71x"]]
+
+
+def test_findings_rst_renders_without_docutils_warnings(tmp_path):
+    """The report's first page: every table and footnote parses (a docutils warning would show in the page)."""
+    from docutils.core import publish_parts
+
+    _, text = findings_of(tmp_path)
+    html = publish_parts(text, writer="html", settings_overrides={"report_level": 2, "halt_level": 2})["body"]
+    assert html.count('class="findings') == 3 and "footnote-reference" in html
+    assert "2,000 ± 25 tokens/s" in html and "zero_infinity" in html

@@ -12,28 +12,29 @@ Each figure is written as <name>.png and <name>.pdf. Panels are one per (model, 
                         model-state memory (ZeRO paper formula, activations excluded).
 - throughput            tokens/s per strategy, bars with 95% CI error bars.
 - time_per_epoch        seconds per epoch per strategy, bars with 95% CI error bars.
-- mfu                   model FLOPs utilisation (%) per strategy; on CPU an empty axes saying MFU is not defined.
+- mfu                   model FLOPs utilisation (%) per strategy (GPU studies).
 - memory_timeline       the sampler's used memory vs time since the sampler started, one panel per
                         (model, world size, strategy), one line per device, first repeat only; dotted vertical lines
                         every N optimizer steps (from the samples' `step` column).
 - memory_vs_throughput  which strategy to pick: peak memory (x) against tokens/s (y), one labelled point per strategy.
-- scaling               tokens/s vs world size per strategy (one panel per model), with the ideal linear line from
-                        each strategy's smallest world size.
+- scaling               tokens/s vs world size per strategy, one panel per model run at more than one data-parallel
+                        world size, with the ideal linear line from each strategy's smallest world size.
 - accuracy              image classifiers: top-1 validation accuracy before and after training per strategy, and
                         for a model trained both fully and with LoRA the peak memory and trainable parameters of
-                        each; other studies: an empty axes saying so.
+                        each.
 - predicted_speed       measured tokens/s per strategy (bars, 95% CI) with the step-time model's prediction made
                         before the run (a black tick) and each strategy's error in the panel's corner.
-- layouts               per model with more than one parallel layout: MFU per layout (on CPU tokens/s per rank),
-                        and each rank's peak torch-allocated memory per layout (on CPU peak host RSS): pipeline
-                        stages hold different memory.
+- layouts               per model run in more than one layout at one world size: MFU per layout (on CPU tokens/s
+                        per rank), and each rank's peak torch-allocated memory per layout (on CPU peak host RSS):
+                        pipeline stages hold different memory.
 
 Runs that ended `oom`, `unsupported` or `failed` are drawn as marked entries (a hatched empty bar with OOM / n/a /
 failed, a cross on the scaling axis, a note on line plots), never silently dropped. Strategies whose runs have
 `in_figures` false (zero0, identical to ddp) are left out unless the style says `include_hidden: true`.
 
 Style keys (JSON, all optional): config `figures` (schemas/config.schema.yaml, its defaults there; report/style.py).
-Which figures exist, and their captions: report/figure_registry.py.
+Which figures exist, which studies have data for each, and their captions: report/figure_registry.py; `--names`
+draws those the rule asks for (default: every study figure).
 """
 from __future__ import annotations
 
@@ -85,8 +86,8 @@ def prepare(runs: pd.DataFrame, steps: pd.DataFrame, vram: pd.DataFrame, style: 
     """Drop hidden strategies (unless include_hidden) from all three tables and fix the strategy colours."""
     hidden = set() if style["include_hidden"] else set(runs.loc[~runs["in_figures"].astype(bool), "strategy"])
     runs = runs[~runs["strategy"].isin(hidden)].reset_index(drop=True)
-    steps = with_layout(steps[~steps["strategy"].astype(object).isin(hidden)].dropna(subset=["world_size"]))
-    vram = with_layout(vram[~vram["strategy"].astype(object).isin(hidden)].dropna(subset=["world_size"]))
+    steps = with_layout(steps[~steps["strategy"].astype(object).isin(hidden)])
+    vram = with_layout(vram[~vram["strategy"].astype(object).isin(hidden)])
     with_data = order_strategies(list(runs.loc[runs["status"] == C.OK, "strategy"])
                                  + list(steps["strategy"].dropna().astype(str)))
     colours, dashes = strategy_colours(with_data, style["palette"])
@@ -273,13 +274,7 @@ def time_per_epoch_figure(data: Data) -> plt.Figure:
 
 
 def mfu_figure(data: Data) -> plt.Figure:
-    """MFU bars; a CPU-only study (no MFU anywhere) gets one empty axes saying MFU is not defined on CPU."""
-    on_cpu = data.runs["platform"].str.lower() == "cpu"
-    if len(data.runs) and on_cpu.all() and data.runs["mfu"].isna().all():
-        fig, axes = grid(1, data.style)
-        empty_note(axes[0], "MFU not defined on CPU")
-        axes[0].set_title("MFU")
-        return fig
+    """MFU bars (drawn for GPU studies: figure_registry); a device without a datasheet peak has no MFU (–)."""
     return bars_by_strategy(data, "mfu", "MFU (%, mean ± 95% CI)", scale=100.0, note_cpu="MFU not defined on CPU")
 
 
@@ -339,7 +334,7 @@ def memory_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
     on_cpu = len(rows) > 0 and (rows["platform"].str.lower() == "cpu").all()
     series = CPU_MEMORIES if on_cpu else GPU_MEMORIES
     values = [rows[c] for c, _ in series] + [rows[c] for c in ("predicted_model_state_bytes", "predicted_peak_bytes",
-                                                                 "predicted_device_peak_bytes") if c in rows]
+                                                                 "predicted_device_peak_bytes")]
     unit, div = memory_unit(float(np.nanmax(pd.concat(values).to_numpy(float), initial=0.0)) or math.nan)
     width = 0.8 / len(series)
     for x, row in enumerate(rows.itertuples()):
@@ -359,7 +354,7 @@ def memory_panel(ax: plt.Axes, rows: pd.DataFrame, colours: list, handles: dict)
             y = row.predicted_peak_bytes / div
             handles.setdefault(PREDICTED_PEAK_LABEL, ax.hlines(y, x - 0.45, x + 0.45, colors="black",
                                                                linewidth=1.4, linestyles="dashed"))
-        if pd.notna(getattr(row, "predicted_device_peak_bytes", None)):
+        if pd.notna(row.predicted_device_peak_bytes):
             y = row.predicted_device_peak_bytes / div
             handles.setdefault(PREDICTED_DEVICE_LABEL, ax.hlines(y, x - 0.45, x + 0.45, colors="dimgray",
                                                                  linewidth=1.4, linestyles="dotted"))
@@ -561,16 +556,18 @@ def scaling_panel(ax: plt.Axes, rows: pd.DataFrame, data: Data) -> None:
     ax.set_xlabel("world size (GPUs or CPU ranks)")
     ax.set_ylabel("tokens/s (mean ± 95% CI)")
     ax.set_ylim(0, None if (rows["status"] == C.OK).any() else 1)
-    if len(sizes) == 1:
-        corner_note(ax, f"one world size only ({sizes[0]}): no scaling measured")
 
 
 def scaling_figure(data: Data) -> plt.Figure:
-    models = model_order(data.summary) if len(data.summary) else []
+    """One panel per model run at more than one world size, over its data-parallel layouts (other layouts are not
+    a line of one strategy)."""
+    summary = data.summary
+    data_parallel = summary[summary["layout"] == "ws" + summary["world_size"].astype(str)]
+    models = [m for m in (model_order(summary) if len(summary) else [])
+              if data_parallel.loc[data_parallel["model"] == m, "world_size"].nunique() > 1]
     fig, axes = grid(len(models), data.style, legend_width=2.0)
-    data_parallel = data.summary["layout"] == "ws" + data.summary["world_size"].astype(str)
-    for ax, model in zip(axes, models):  # over data-parallel layouts (other layouts are not a line of one strategy)
-        scaling_panel(ax, data.summary[(data.summary["model"] == model) & data_parallel], data)
+    for ax, model in zip(axes, models):
+        scaling_panel(ax, data_parallel[data_parallel["model"] == model], data)
         ax.set_title(model)
     handles, labels = [], []
     for ax in axes:
@@ -583,7 +580,7 @@ def scaling_figure(data: Data) -> plt.Figure:
         labels.append("ideal linear (from smallest world size)")
         fig.legend(handles, labels, **RIGHT)
     if not models:
-        empty_note(axes[0], "no runs")
+        empty_note(axes[0], "no model ran at more than one world size")
     return fig
 
 
@@ -596,7 +593,8 @@ def rank_values(cell) -> list[float]:
 
 
 def rank_memory(runs: pd.DataFrame, column: str) -> list[float]:
-    """Each rank's peak, the mean over the successful repeats ([] for tables older than the per-rank columns)."""
+    """Each rank's peak, the mean over the successful repeats ([] where no run recorded one: the per-rank columns
+    are written by the runs that measure them, outside the contract's RUN_COLUMNS)."""
     if column not in runs:
         return []
     lists = [rank_values(c) for c in runs.loc[runs["status"] == C.OK, column]]
@@ -631,33 +629,42 @@ def layouts_panels(axes, rows: pd.DataFrame, runs: pd.DataFrame, data: Data, on_
     memory.set_ylabel(f"peak {'host RSS' if on_cpu else 'torch allocated'} per rank ({unit})")
 
 
+def compared_layouts(summary: pd.DataFrame, model: str) -> pd.DataFrame:
+    """The model's rows at the world sizes where it ran more than one layout, world size then 1D layout first."""
+    rows = summary[summary["model"] == model]
+    several = rows.groupby("world_size")["layout"].transform("nunique") > 1
+    rows = rows[several].assign(_1d=lambda r: ~r["layout"].str.startswith("ws"))
+    return rows.sort_values(["world_size", "_1d", "layout"]).drop(columns="_1d").reset_index(drop=True)
+
+
 def layouts_figure(data: Data) -> plt.Figure:
-    """Per model with more than one layout: speed and per-rank memory by layout (see the module docstring)."""
+    """Per model run in more than one layout at one world size: speed and per-rank memory by layout (see the
+    module docstring)."""
     summary = data.summary
-    models = [m for m in (model_order(summary) if len(summary) else [])
-              if summary.loc[summary["model"] == m, "layout"].nunique() > 1]
+    models = [m for m in (model_order(summary) if len(summary) else []) if len(compared_layouts(summary, m))]
     fig, axes = grid(2 * len(models), data.style, ncols=2)
     for i, model in enumerate(models):
-        rows = summary[summary["model"] == model]
-        rows = rows.assign(_1d=~rows["layout"].str.startswith("ws")).sort_values(["world_size", "_1d", "layout"])
-        rows = rows.reset_index(drop=True)
+        rows = compared_layouts(summary, model)
         on_cpu = bool((rows["platform"].str.lower() == "cpu").all())
         layouts_panels(axes[2 * i:2 * i + 2], rows, data.runs[data.runs["model"] == model], data, on_cpu)
         axes[2 * i].set_title(f"{model}: {'throughput' if on_cpu else 'MFU'} per layout")
         axes[2 * i + 1].set_title(f"{model}: peak memory, a bar per rank (rank 0 left)")
     if not models:
-        empty_note(axes[0], "one parallel layout per model: see mfu and peak_memory")
+        empty_note(axes[0], "no model ran in more than one layout at one world size")
     return fig
 
 
 # ---------------------------------------------------------------- CLI
-def write_all(data: Data, out_dir) -> list[Path]:
-    """Every study figure of the registry (report/figure_registry.py, stage `figures`)."""
+def write_all(data: Data, out_dir, names: list[str] = FIGURES) -> list[Path]:
+    """The named study figures of the registry (report/figure_registry.py, stage `figures`)."""
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        raise SystemExit(f"figures: --names {','.join(unknown)}: not a study figure; known: {', '.join(FIGURES)}")
     out_dir = Path(out_dir)
     apply_style(data.style)
-    for name in FIGURES:
+    for name in names:
         save(figure_registry.entry(name).load()(data), out_dir, name, int(data.style["dpi"]))
-    return [out_dir / f"{name}.{ext}" for name in FIGURES for ext in ("png", "pdf")]
+    return [out_dir / f"{name}.{ext}" for name in names for ext in figure_registry.EXTENSIONS]
 
 
 def main(argv=None):
@@ -666,10 +673,13 @@ def main(argv=None):
     ap.add_argument("--steps", required=True, help="steps.csv from the parse stage")
     ap.add_argument("--vram", required=True, help="vram.csv from the parse stage (may be header only)")
     ap.add_argument("--style", default="{}", help="JSON object of style keys (see above)")
+    ap.add_argument("--names", default=",".join(FIGURES),
+                    help="comma-separated figures to draw (default: every study figure of the registry)")
     ap.add_argument("--out-dir", required=True, help="where <figure>.png and <figure>.pdf go")
     args = ap.parse_args(argv)
     style = parse_style(args.style)
-    written = write_all(load(args.runs, args.steps, args.vram, style), args.out_dir)
+    names = [n for n in args.names.split(",") if n]
+    written = write_all(load(args.runs, args.steps, args.vram, style), args.out_dir, names)
     print(f"figures: {len(written)} files -> {args.out_dir}")
 
 

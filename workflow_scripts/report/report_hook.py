@@ -1,7 +1,11 @@
 """After a successful run, regenerate the HTML report (`snakemake --report`) with the run's effective config.
 
 Called from the Snakefile's `onsuccess`; the effective config (config.yaml, --configfile and --config merged) is
-written next to the report so the report's DAG is exactly the one that ran.
+written next to the report so the report's DAG is exactly the one that ran. The report opens on what the study
+found: report/workflow.rst includes the findings (rule findings, workflow_scripts/report/findings.py), beside the
+study's name, platform and the command that reruns it (the landing page's metadata, report.metadata.yaml), in
+report/report.css's wider page. A verify table newer than the findings (target verify ran after them) brings the
+findings up to date first, so the first page gives its verdict.
 """
 from __future__ import annotations
 
@@ -11,6 +15,30 @@ import sys
 from pathlib import Path
 
 import yaml
+
+STYLESHEET = Path(__file__).resolve().parents[2] / "report/report.css"
+
+
+def output_of(workflow, rule: str, name: str) -> Path | None:
+    """A named output of a rule without wildcards (None when the workflow has no such rule)."""
+    try:
+        return Path(getattr(getattr(workflow.rules, rule).output, name))
+    except (AttributeError, KeyError):
+        return None
+
+
+def findings_stale(workflow) -> Path | None:
+    """The findings file when target verify's table is newer than it (or it is missing beside that table)."""
+    findings, verified = output_of(workflow, "findings", "rst"), output_of(workflow, "compare_with_committed", "csv")
+    if findings is None or verified is None or not verified.exists():
+        return None
+    return findings if not findings.exists() or verified.stat().st_mtime > findings.stat().st_mtime else None
+
+
+def metadata(config: dict, effective: Path) -> dict:
+    """The landing page's list under the findings (values are reStructuredText)."""
+    return {"Study": config["study"], "Platform": config["platform"], "Results": f"``{config['results_dir']}``",
+            "Rerun": f"``snakemake --cores all --configfile {effective}``"}
 
 
 def write_report_after_success(workflow, config: dict, report_path: str, needs: str | None = None) -> None:
@@ -22,11 +50,21 @@ def write_report_after_success(workflow, config: dict, report_path: str, needs: 
     effective = Path(report_path).with_name("config.effective.yaml")
     effective.parent.mkdir(parents=True, exist_ok=True)
     effective.write_text(yaml.safe_dump(config, sort_keys=True))
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", workflow.main_snakefile, "--configfile",
-           str(effective), "--report", report_path, "--nolock", "--quiet", "all"]
+    meta = Path(report_path).with_name("report.metadata.yaml")
+    meta.write_text(yaml.safe_dump(metadata(config, effective), sort_keys=False))
+    base = [sys.executable, "-m", "snakemake", "--snakefile", workflow.main_snakefile, "--configfile",
+            str(effective), "--nolock", "--quiet"]
     env = {**os.environ, "PIPELINE_NO_REPORT": "1"}
+    stale = findings_stale(workflow)
+    if stale is not None:
+        run(base + ["--cores", "1", str(stale)], env, "findings")
+    run(base + ["--report", report_path, "--report-stylesheet", str(STYLESHEET), "--report-metadata", str(meta),
+                "all"], env, "report", success=f"report: {report_path}")
+
+
+def run(cmd: list[str], env: dict, what: str, success: str | None = None) -> None:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        print(f"report: `{' '.join(cmd)}` failed:\n{done.stderr[-3000:]}", file=sys.stderr)
-    else:
-        print(f"report: {report_path}", file=sys.stderr)
+        print(f"{what}: `{' '.join(cmd)}` failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+    elif success:
+        print(success, file=sys.stderr)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from workflow_scripts import columns as C
-from workflow_scripts.columns import GROUP_KEYS, RUN_COLUMNS, RUN_TEXT, layout_key
+from workflow_scripts.columns import GROUP_KEYS, RUN_COLUMNS, RUN_TEXT
 from workflow_scripts.report.stats import ALPHA, compare, mean_ci, within
 from workflow_scripts.units import GIB, MIB
 
@@ -108,11 +108,18 @@ def prepare_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_layout(df: pd.DataFrame) -> pd.DataFrame:
-    """world_size as int, and the layout key of rows written before layouts existed (pure data parallel)."""
+    """world_size as int and the layout key (ws2, dp1-pp2, ...) as text. Parse writes both for every run; a table
+    without them is an error naming the first run at fault."""
+    if "layout" not in df.columns:
+        raise ValueError("no `layout` column: not a table of the parse stage (workflow_scripts/report/parse.py)")
+    missing = df["layout"].isna() | df["world_size"].isna()
+    if missing.any():
+        first = df.loc[missing].iloc[0]
+        raise ValueError(f"{int(missing.sum())} of {len(df)} rows have no layout key or world size (the first: "
+                         f"run {first.get('run_id', '?')})")
     df = df.copy()
-    df["world_size"] = pd.to_numeric(df["world_size"], errors="coerce").fillna(1).astype(int)
-    layouts = df["layout"] if "layout" in df.columns else [None] * len(df)
-    df["layout"] = [layout_key(layout, ws) for layout, ws in zip(layouts, df["world_size"])]
+    df["world_size"] = pd.to_numeric(df["world_size"]).astype(int)
+    df["layout"] = df["layout"].astype(str)
     return df
 
 
