@@ -76,15 +76,14 @@ def code_tokens(text: str) -> list[str]:
             for span in spans for t in span.split()]
 
 
-def named_paths(doc: Path) -> tuple[list[str], list[str]]:
-    """(paths from the repository root, dotted module names) a doc names in links and code."""
-    text = doc.read_text()
+def named_paths(text: str, where: Path) -> tuple[list[str], list[str]]:
+    """(paths from the repository root, dotted module names) a doc in folder `where` names in links and code."""
     paths, modules = [], []
     for target in LINK.findall(text):
         if re.match(r"^[a-z]+:", target) or target.startswith("#"):
             continue
         target = target.split("#")[0]
-        path = os.path.relpath(os.path.normpath(doc.parent / target), ROOT)
+        path = os.path.relpath(os.path.normpath(where / target), ROOT)
         paths.append(path + "/" if target.endswith("/") else path)
     for token in code_tokens(text):
         if any(c in token for c in "<>{}…$~=") or "..." in token:
@@ -94,6 +93,15 @@ def named_paths(doc: Path) -> tuple[list[str], list[str]]:
         elif "/" in token and token.split("/")[0] in TOP and not token.startswith("/"):
             paths.append(token)
     return paths, modules
+
+
+def test_named_paths_reads_links_code_and_modules():
+    text = ("See [the rules](../rules/) and [x](#anchor), [site](https://example.org/a/b), `tokens/s`,\n"
+            "`results/<study>/<set>/README.md`, `python3 -m workflow_scripts.report.verify --help`,\n"
+            "```\nbash envs/setup.sh --tests\nsnakemake --configfile studies/ml815.yaml 'verify={against: x}'\n```\n")
+    paths, modules = named_paths(text, ROOT / "docs")
+    assert paths == ["rules/", "envs/setup.sh", "studies/ml815.yaml"]
+    assert modules == ["workflow_scripts.report.verify"]
 
 
 def ignored(paths: list[str]) -> set[str]:
@@ -112,7 +120,7 @@ def module_exists(name: str) -> bool:
 
 @pytest.mark.parametrize("doc", DOCS, ids=rel)
 def test_named_paths_exist(doc):
-    paths, modules = named_paths(doc)
+    paths, modules = named_paths(doc.read_text(), doc.parent)
     missing = [p for p in dict.fromkeys(paths) if not (list(ROOT.glob(p)) if "*" in p else (ROOT / p).exists())]
     missing = [p for p in missing if p not in ignored(missing)]
     missing += [m for m in dict.fromkeys(modules) if not module_exists(m)]
