@@ -61,8 +61,8 @@ def entries(paths: dict[str, str]) -> dict:
 
 def problems(data: dict, rerun: str) -> list[str]:
     """What is wrong with a run's data files ({train, val, manifest} paths, as in a run spec) against the hashes
-    in their manifest; `rerun` names what regenerates them. A manifest without hashes (made before they were
-    recorded) is one problem too: the files cannot be trusted."""
+    in their manifest; `rerun` names what regenerates them. A manifest that records no hashes is one problem too:
+    the files cannot be trusted."""
     manifest = Path(data["manifest"])
     if not manifest.exists():
         return [f"{manifest}: missing (the data manifest): {rerun}"]

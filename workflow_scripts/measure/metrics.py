@@ -84,9 +84,9 @@ def median(values) -> float | None:
 
 
 def steady(rows: list[dict], checkpoint_every: int = 0) -> list[dict]:
-    """The steps that measure training: not timing warm-up, and not the step right after a checkpoint save
-    (runs before the fix counted the save's time in that step). Empty when no step is left: warm-up steps never
-    stand in for timed ones."""
+    """The steps that measure training: not timing warm-up, not a profiled step, and not the step right after a
+    checkpoint save (a recorded run may count the save's time in that step). Empty when no step is left: warm-up
+    steps never stand in for timed ones."""
     def after_save(step: int) -> bool:
         return bool(checkpoint_every) and step > 1 and (step - 1) % checkpoint_every == 0
 
@@ -98,7 +98,7 @@ def steady(rows: list[dict], checkpoint_every: int = 0) -> list[dict]:
 def timed_after_trace(rows: list[dict]) -> bool:
     """Whether a step measured for timing (`steady`) ran after a profiled one: once a trace ends, Kineto keeps CUPTI
     subscribed in the process, and its later steps run slower (measure/profile.py says by how much, and where).
-    Runs profiled since `profile.at: end` never do."""
+    A run profiled with `profile.at: end` never does."""
     traced = [int(r["step"]) for r in rows if _true(r.get("profiled"))]
     return bool(traced) and any(int(r["step"]) > min(traced) for r in steady(rows))
 

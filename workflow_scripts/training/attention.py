@@ -2,11 +2,11 @@
 
 torch's SDPA picks flash attention first on a GPU (priority flash, memory-efficient, math, cuDNN). On an H100,
 cuDNN's kernel runs causal attention (16 x 16 heads x 1024 x 64) forward + backward in 0.75x flash's time eager and
-0.91x compiled (workflow_scripts/bench/attention_backends.py); in DDP's compiled blocks at micro-batch 16 the step
-gained 0.3 % (BENCHMARKS.md Part 1g): a lever to measure, not a default. This implementation is transformers' own
+0.91x compiled; in DDP's compiled blocks at micro-batch 16 the whole step gains 0.3 %: a lever to measure, not a
+default. This implementation is transformers' own
 `sdpa_attention_forward` under `torch.nn.attention.sdpa_kernel(CUDNN_ATTENTION)`, entered inside each attention call
 so that a compiled block traces the choice into its graph (a global flag does not reach torch.compile's caches, and
-torch 2.11's compiled code kept flash under a priority order that put cuDNN first: only cuDNN is allowed). A CPU rank
+torch 2.11's compiled code keeps flash under a priority order that puts cuDNN first: only cuDNN is allowed). A CPU rank
 takes plain sdpa. Registered with transformers' AttentionInterface (and the `sdpa` mask) under its own name, once per
 process, before the model is built (models.build_model).
 """

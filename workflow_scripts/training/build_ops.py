@@ -79,8 +79,8 @@ def needed_ops(strategy: str, options: dict | None = None) -> list[str]:
 @contextlib.contextmanager
 def exclusive_build(name: str):
     """One build of an op at a time on this machine, and no stale lock: torch's JIT build waits forever on the
-    `lock` file a killed build left in the op's directory (seen here after a killed test run, with the shared op
-    cache). Our flock is released by the kernel when its holder dies, so under it a torch lock can only be stale."""
+    `lock` file a killed build leaves in the op's directory (a killed test run leaves one in the shared op cache).
+    Our flock is released by the kernel when its holder dies, so under it a torch lock can only be stale."""
     ext = os.environ.get("TORCH_EXTENSIONS_DIR")
     if not ext:
         yield

@@ -31,13 +31,13 @@ import torch
 import torch.distributed as dist
 
 from workflow_scripts import columns as C
-from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.measure import metrics as M
 from workflow_scripts.measure import provenance
 from workflow_scripts.measure.clock import PhaseClock
 from workflow_scripts.measure.memory_peak import MemoryPeak
 from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.training import chunked_loss, determinism, levers, recompute, vision, workflow_watch
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
@@ -391,8 +391,8 @@ def main(argv=None):
     try:
         train(spec)
         # Everything is written and every rank passed the last barrier: leave without running C++ destructors.
-        # DeepSpeed's CPU shared-memory comm threads sometimes abort a rank at interpreter exit ("terminate
-        # called without an active exception", seen once in CI-sized runs), which would fail a finished run.
+        # DeepSpeed's CPU shared-memory comm threads can abort a rank at interpreter exit ("terminate called
+        # without an active exception"), which would fail a finished run.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -1,13 +1,13 @@
 """One precompiled `torch/extension.h` for an op of many sources: its build parses torch's headers once, not per file.
 
 Every source of a DeepSpeed op includes `torch/extension.h`; parsing it is ~20 s of a ~27 s compile on our 2-core
-machines, and async_io has 12 sources (its build was most of a newcomer's setup). `build_ops` puts a `c++` first on
+machines, and async_io has 12 sources (its build is most of a fresh setup's time). `build_ops` puts a `c++` first on
 PATH while CPU ops build (ccache's "masquerade" setup): torch's ninja file and every command in it stay exactly what
 they are without us, so a later load of the op (a rank, a test) finds nothing changed and rebuilds nothing. That
 `c++` is this module run as a script: for an op of MIN_SOURCES or more it builds the header once per set of flags
 (the flags of the object files minus input, output, dependency file and `-g`) under a lock, then compiles each
 source that includes torch's headers (itself or through its own headers: `includes_torch`) with `-include` of it;
-an op of fewer sources, and a source without torch, compile as given (measured on async_io: a source of its own C
+an op of fewer sources, and a source without torch, compile as given (on async_io, a source of its own C
 code compiles in 0.8-1.3 s alone and 10 s with the header, most of it the instantiation of torch's inline templates
 that every translation unit with torch pays, header or not). Debug info (`-g`) is left out of every op
 built so: a 0.8 GB precompiled header becomes 1 GB with it and each file's compile doubles. If the header does not

@@ -8,7 +8,7 @@ PyTorch's composable APIs, which accept the DTensor parameters of tensor paralle
   ddp family -> `replicate` (torch.distributed._composable.replicate_with_fsdp: DDP's semantics, replicated
                 parameters and all-reduced gradients, on FSDP2's machinery). `DistributedDataParallel` itself is
                 not used there: its reducer does not reduce a pipeline stage whose micro-batch forwards precede
-                their backwards (measured: dp ranks kept different gradients), and it does not take DTensor
+                their backwards (the dp ranks end with different gradients), and it does not take DTensor
                 parameters. DDP's bucket options (ddp_overlap) therefore do not apply to such layouts;
   DeepSpeed  -> refused for model-parallel layouts (its engine owns the model whole).
 The engines are in _data_engine.py (torch, built on a rank).

@@ -2,8 +2,8 @@
 
 Before its clip, DeepSpeed's ZeRO-1/2 optimizer (`DeepSpeedZeroOptimizer.get_grad_norm_direct`) takes every
 gradient of its partition to float64 and its 2-norm one tensor at a time, and moves each norm to the device: about
-three launches per parameter tensor from Python, 293 tensors for GPT-2-medium, on the host while the GPU waits
-(BENCHMARKS.md, Part 2b). `foreach_grad_norm` swaps in the same sum for that optimizer: torch's `_foreach_norm`
+three launches per parameter tensor from Python, 293 tensors for GPT-2-medium, on the host while the GPU waits.
+`foreach_grad_norm` swaps in the same sum for that optimizer: torch's `_foreach_norm`
 over the same gradients, cast to the same float64, then DeepSpeed's own reductions (data-parallel all-reduce of the
 squared sum, the model-parallel one, the square root, the inf/NaN mask). Where the optimizer's case is one it does
 not cover (another norm type, model-parallel ranks other than 0, pipeline-replicated parameters), it calls
