@@ -141,8 +141,8 @@ def study_ops(wildcards=None):
 
 
 def spec_of(w, overrides, out_pattern, work_root, measured=False):
-    """A run's spec (workflow_scripts.study.run_spec) for the run's wildcards, written under out_pattern."""
-    return study.run_spec(
+    """A run's spec (workflow_scripts.study.resolve) for the run's wildcards, written under out_pattern."""
+    return study.resolve(
         config,
         w.model,
         w.strategy,
@@ -156,21 +156,43 @@ def spec_of(w, overrides, out_pattern, work_root, measured=False):
     )
 
 
-def run_spec(wildcards):
-    """The run's spec as JSON (workflow_scripts.study.run_spec): a params value, so any change reruns the run."""
+# the files a job reads its spec from, each named by its content: the job's param is the path, so a changed spec
+# reruns the job, and the command line (and a failed job's message) names only the file
+SPEC_FILES = ".snakemake/run_specs"
+
+
+def spec_file(text):
+    """The file holding `text` (a spec's JSON), written once, when the DAG is built (a dry run too: under
+    .snakemake, nothing of the study's)."""
+    import hashlib
+
+    path = f"{SPEC_FILES}/{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+    if not os.path.exists(path):
+        os.makedirs(SPEC_FILES, exist_ok=True)
+        with open(f"{path}.{os.getpid()}", "w") as f:
+            f.write(text)
+        os.replace(f"{path}.{os.getpid()}", path)
+    return path
+
+
+def fair_spec(wildcards):
     w = wildcards
-    spec = spec_of(w, RUNS[(w.model, w.strategy, w.layout)], RUN, W, measured=True)
-    return json.dumps(spec, sort_keys=True)
+    return spec_of(w, RUNS[(w.model, w.strategy, w.layout)], RUN, W, measured=True)
+
+
+def run_spec(wildcards):
+    """The run's spec file (workflow_scripts/run_spec.py): a params value, so any change reruns the run."""
+    return spec_file(fair_spec(wildcards).to_json(sort_keys=True))
 
 
 def lever_trial_of(wildcards):
     """The lever trial a run reads its `auto` levers from (config auto_levers.by: measurement), if any: the run
     spec names it, so a replayed or forced decision needs none."""
-    return json.loads(run_spec(wildcards))["train"].get("lever_trial") or []
+    return fair_spec(wildcards).train.get("lever_trial") or []
 
 
 def lever_trial_plan(wildcards):
-    """The lever trial's candidate runs as JSON (workflow_scripts.study.lever_trial_specs)."""
+    """The lever trial's file: its candidates' run specs (workflow_scripts.study.lever_trial_specs)."""
     w = wildcards
     plan = study.lever_trial_specs(
         config,
@@ -180,11 +202,15 @@ def lever_trial_plan(wildcards):
         RUNS[(w.model, w.strategy, w.layout)],
         ops_for(w),
     )
-    return json.dumps(plan, sort_keys=True)
+    specs = {name: spec.to_dict() for name, spec in plan["specs"].items()}
+    return spec_file(
+        json.dumps({"specs": specs, "skipped": plan["skipped"]}, sort_keys=True)
+    )
 
 
 def published_run_spec(wildcards):
-    """The as-published run's spec: the fair run's, with the publication's own settings for the strategy."""
+    """The as-published run's spec file: the fair run's, with the publication's own settings for the strategy;
+    traces belong to the fair rows."""
     w = wildcards
     spec = spec_of(
         w,
@@ -192,10 +218,8 @@ def published_run_spec(wildcards):
         AS_PUBLISHED_RUN,
         f"{W}/as_published",
     )
-    for key in ("profile", "trace_dir"):  # traces belong to the fair rows
-        spec.pop(key, None)
-    spec["variant"] = "as_published"
-    return json.dumps(spec, sort_keys=True)
+    spec = spec.replace(profile=None, trace_dir=None, variant="as_published")
+    return spec_file(spec.to_json(sort_keys=True))
 
 
 def train_threads(wildcards):

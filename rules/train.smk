@@ -37,7 +37,7 @@ rule lever_trial:
     params:
         plan=lever_trial_plan,
     shell:
-        "python3 -m workflow_scripts.job.lever_trial --trial-json {params.plan:q} --out {output} > {log} 2>&1"
+        "python3 -m workflow_scripts.job.lever_trial --trial {params.plan:q} --out {output} --log {log}"
 
 
 rule train:
@@ -73,4 +73,4 @@ rule train:
             else ""
         ),
     shell:
-        "{params.launcher}python3 -m workflow_scripts.job.launch --spec-json {params.spec:q} > {log} 2>&1"
+        "{params.launcher}python3 -m workflow_scripts.job.launch --spec {params.spec:q} --log {log}"

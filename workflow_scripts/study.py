@@ -11,7 +11,8 @@ import hashlib
 import json
 
 from workflow_scripts import columns as C
-from workflow_scripts import replay
+from workflow_scripts import replay, schema
+from workflow_scripts.run_spec import SCHEMA_VERSION, RunSpec
 from workflow_scripts.training import levers
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS, model_spec
@@ -108,56 +109,69 @@ def data_paths(config: dict) -> dict:
     return {"train": f"{d}/train.npy", "val": f"{d}/val.npy", "manifest": f"{config['results_dir']}/{C.TOKENS_MANIFEST}"}
 
 
-def run_spec(config: dict, model: str, strategy: str, layout: Layout | int, repeat: int, overrides: dict,
-             out_dir: str, work_dir: str, ops: list, measured: bool = False) -> dict:
-    """Everything one training run depends on (and nothing else: editing figures never reruns training).
-    `layout`: the run's layout (an int: pure data parallel over that many ranks); `overrides`: the run's group
-    train settings (and a benchmark variant's levers) over the top-level train; `measured`: a study run whose
-    `auto` levers the lever trial decides where config auto_levers.by says measurement (the rule otherwise)."""
+def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repeat: int, overrides: dict,
+            out_dir: str, work_dir: str, ops: list, measured: bool = False) -> RunSpec:
+    """Everything one training run depends on (and nothing else: editing figures never reruns training), resolved
+    once: the train settings (the config's, defaults filled in by its validation) with `auto` levers decided where
+    the rule decides, the micro-batch split, the paths. `layout`: the run's layout (an int: pure data parallel
+    over that many ranks); `overrides`: the run's group train settings (and a benchmark variant's levers) over the
+    top-level train; `measured`: a study run whose `auto` levers the lever trial decides where config
+    auto_levers.by says measurement (the launcher applies the trial's verdict, the one decision that needs the
+    machine)."""
     if not isinstance(layout, Layout):
         layout = Layout.data_parallel(layout)
-    spec = {
-        "run_id": f"{model}__{strategy}__{layout.key}__r{repeat}",
-        "study": config["study"],
-        "model": model,
-        "strategy": strategy,
-        "world_size": layout.world_size,
-        "layout": layout.degrees(),
-        "repeat": int(repeat),
-        "nodes": config["nodes"],
-        "platform": config["platform"],
-        "precision": overrides.get("precision", config["train"]["precision"]),
-        "train": {k: v for k, v in {**config["train"], **overrides}.items() if k != "precision"},
-        "options": config["strategy_options"].get(strategy, {}),
-        "pretrained": config["pretrained"].get(model),
-        "model_overrides": config["model_overrides"].get(model, {}),
-        "sampler": config["sampler"],
-        "substitutions": config["substitutions"],
-        "data": data_paths(config),
-        "ops": list(ops),
-        "out_dir": out_dir,
-        "work_dir": work_dir,
-    }
+    train = {k: v for k, v in {**config["train"], **overrides}.items() if k != "precision"}
+    options = config["strategy_options"].get(strategy, {})
+    micro, accum = micro_and_accum({"train": train, "strategy": strategy, "options": options})
+    # auto levers made true/false: the spec says what the run does (training/levers.py: the GPU fast path)
+    auto = [k for k, v in train.items() if v == replay.AUTO]
+    trial = lever_trial_path(config, model, strategy, layout.key) if measured else None
+    train = levers.resolve(train, config["platform"], layout.degrees(), MODELS[model].family,
+                           block_flops(config, model, micro, layout.degrees()), trial)
+    # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
+    train["seed"] = config["train"]["seed"] + int(repeat)
+    guard, profile = None, None
     if config["plan"].get("refuse_oom") and config["platform"] != "cpu":  # opt-in: launch.predicted_oom
         plan = config["plan"]
-        spec["memory_guard"] = {"usable_bytes": (plan["gpu_memory_gib"] - plan["headroom_gib"]) * GIB,
-                                "gpu_memory_gib": plan["gpu_memory_gib"], "headroom_gib": plan["headroom_gib"]}
+        guard = {"usable_bytes": (plan["gpu_memory_gib"] - plan["headroom_gib"]) * GIB,
+                 "gpu_memory_gib": plan["gpu_memory_gib"], "headroom_gib": plan["headroom_gib"]}
     if config["profile"].get("enabled"):  # only then: a spec without traces stays what it was
-        spec["profile"] = config["profile"]
-        spec["trace_dir"] = trace_dir(config, model, strategy, layout.key, repeat)
-    spec["batch"] = batch_split(spec)
-    micro = spec["batch"]["micro_batch"]
-    # auto levers made true/false: the spec says what the run does (training/levers.py: the GPU fast path)
-    auto = [k for k, v in spec["train"].items() if v == replay.AUTO]
-    trial = lever_trial_path(config, model, strategy, layout.key) if measured else None
-    spec["train"] = levers.resolve(spec["train"], config["platform"], spec["layout"], MODELS[model].family,
-                                    block_flops(config, model, micro, spec["layout"]), trial)
+        profile = config["profile"]
+    spec = RunSpec(
+        run_id=f"{model}__{strategy}__{layout.key}__r{repeat}", study=config["study"], model=model,
+        strategy=strategy, world_size=layout.world_size, layout=layout.degrees(), repeat=int(repeat),
+        nodes=config["nodes"], platform=config["platform"],
+        precision=overrides.get("precision", config["train"]["precision"]), train=train, options=options,
+        pretrained=config["pretrained"].get(model), model_overrides=config["model_overrides"].get(model, {}),
+        sampler=config["sampler"], substitutions=config["substitutions"], data=data_paths(config), ops=list(ops),
+        out_dir=out_dir, work_dir=work_dir, memory_guard=guard, profile=profile,
+        trace_dir=trace_dir(config, model, strategy, layout.key, repeat) if profile else None,
+        batch={"micro_batch": micro, "accum": accum})
     against = (config.get("verify") or {}).get("against")
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
-        spec["train"] = replay.decisions(spec, auto, against)
-    # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
-    spec["train"]["seed"] = config["train"]["seed"] + int(repeat)
+        spec = spec.replace(train={**replay.decisions(spec, auto, against), "seed": train["seed"]})
     return spec
+
+
+def run_spec(config: dict, *args, **kwargs) -> dict:
+    """resolve's spec as its JSON mapping, for a caller that edits it before writing it (the bench harness)."""
+    return resolve(config, *args, **kwargs).to_dict()
+
+
+def from_request(request: dict) -> RunSpec:
+    """A run spec written by hand (a test's run, a run started without the workflow), without a schema_version:
+    the keys it leaves out take the schema's defaults (train, sampler, nodes), a pure data-parallel layout over
+    its world_size and the micro-batch split of its strategy, as `resolve` gives them."""
+    train = schema.filled("train", request.get("train"))
+    world = request["world_size"]
+    layout = request.get("layout") or Layout.data_parallel(world).degrees()
+    options = request.get("options") or {}
+    micro, accum = micro_and_accum({"train": train, "strategy": request["strategy"], "options": options})
+    return RunSpec.from_dict({**request, "schema_version": SCHEMA_VERSION, "train": train, "layout": layout,
+                              "options": options, "nodes": request.get("nodes", schema.default("nodes")),
+                              "sampler": schema.filled("sampler", request.get("sampler")),
+                              "batch": request.get("batch") or {"micro_batch": micro, "accum": accum}},
+                             "run spec (by hand)")
 
 
 def lever_run(config: dict, lever: dict) -> tuple[str, dict]:
@@ -167,14 +181,6 @@ def lever_run(config: dict, lever: dict) -> tuple[str, dict]:
     return strategy, {**config["strategy_options"].get(strategy, {}), **(lever.get("options") or {})}
 
 
-def batch_split(spec: dict) -> dict:
-    """The micro-batch of one forward and the accumulation steps of a run, resolved once into its spec for every
-    rank (the registry's rule, strategies.micro_and_accum: grad_accum splits the micro-batch at the same effective
-    batch)."""
-    micro, accum = micro_and_accum(spec)
-    return {"micro_batch": micro, "accum": accum}
-
-
 def lever_trial_path(config: dict, model: str, strategy: str, layout: str) -> str | None:
     """Where the lever trial of a configuration writes its verdict (rule lever_trial), if the study measures."""
     if (config.get("auto_levers") or {}).get("by") != "measurement":
@@ -182,26 +188,28 @@ def lever_trial_path(config: dict, model: str, strategy: str, layout: str) -> st
     return f"{config['results_dir']}/{C.LEVER_TRIAL.format(model=model, strategy=strategy, layout=layout)}"
 
 
+def lever_trial_root(config: dict, model: str, strategy: str, layout: str) -> str:
+    """The lever trial's scratch: its candidates' runs and the trial file (not results: the verdict is)."""
+    return f"{config['work_dir']}/lever_trial/{model}/{strategy}/{layout}"
+
+
 def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, overrides: dict,
                       ops: list) -> dict:
-    """The lever trial of one configuration: {"specs": {candidate: run spec}, "skipped": {candidate: why}}. Each
+    """The lever trial of one configuration: {"specs": {candidate: RunSpec}, "skipped": {candidate: why}}. Each
     spec is the configuration's repeat 0 with the candidate's levers, `auto_levers.steps` timed steps, no checkpoints,
     no sampler and no traces; results and scratch under work_dir/lever_trial (not results: the verdict is)."""
     cfg = config["auto_levers"]
     train = {**config["train"], **overrides}
     names, skipped = levers.trial_candidates(cfg["candidates"], config["platform"], layout.data_only,
                                              MODELS[model].family, train)
-    root = f"{config['work_dir']}/lever_trial/{model}/{strategy}/{layout.key}"
+    root = lever_trial_root(config, model, strategy, layout.key)
     steps = {"max_steps": train["timing_warmup_steps"] + cfg["steps"], "checkpoint_every": 0,
              "log_every": max(1, cfg["steps"]), "eval_batches": 1}
     specs = {}
     for name, settings in names.items():
-        spec = run_spec(config, model, strategy, layout, 0, {**overrides, **settings, **steps},
-                        out_dir=f"{root}/{name}", work_dir=f"{root}/{name}/work", ops=ops)
-        spec["sampler"] = {**spec["sampler"], "backend": "none"}
-        for key in ("profile", "trace_dir"):
-            spec.pop(key, None)
-        specs[name] = spec
+        spec = resolve(config, model, strategy, layout, 0, {**overrides, **settings, **steps},
+                       out_dir=f"{root}/{name}", work_dir=f"{root}/{name}/work", ops=ops)
+        specs[name] = spec.replace(sampler={**spec.sampler, "backend": "none"}, profile=None, trace_dir=None)
     return {"specs": specs, "skipped": skipped}
 
 
@@ -212,7 +220,7 @@ def block_flops(config: dict, model: str, micro_batch: int, layout: dict, seq_le
     results/parallelism/h200x2-tp-compiled). `seq_len`: a language model's tokens per sample, if not the data's
     block size (the planner's plan.seq_len); the study's model_overrides change the shape."""
     spec = model_spec(model, (config.get("model_overrides") or {}).get(model))
-    if spec.family == "vit":
+    if spec.vision:
         tokens = spec.patches(config["images"]["image_size"]) + 1
     else:
         tokens = seq_len or config["data"]["block_size"]

@@ -1,7 +1,12 @@
 """One training job: checks, the VRAM sampler, torchrun with one process per rank, and the run's result row.
 
-    python -m workflow_scripts.job.launch --spec-json '<run spec>'         (what rules/train.smk runs)
-    python -m workflow_scripts.job.launch --spec results/.../run_spec.json  (rerun a saved run by hand)
+    python -m workflow_scripts.job.launch --spec <run spec file> --log <job log>   (what rules/train.smk runs)
+    python -m workflow_scripts.job.launch --spec results/.../run_spec.json          (rerun a saved run by hand)
+
+The spec (workflow_scripts/run_spec.py) says everything the run is; the launcher reads its fields and decides only
+what needs this machine: the lever trial's verdict (measured `auto` levers), whether the strategy can run here,
+whether the run is predicted not to fit. A spec of another schema version is refused, naming the file; a spec
+written by hand without a schema_version is resolved by workflow_scripts.study.from_request first.
 
 Outcomes, each a `summary.json` with a `status`:
   ok          -- training finished; the trainer's metrics, the sampler's peaks and provenance merged;
@@ -9,9 +14,11 @@ Outcomes, each a `summary.json` with a `status`:
                  start, the reason is recorded;
   oom         -- a rank ran out of memory: the memory at failure is recorded and the job still succeeds, so
                  the rest of the study goes on.
-Any other failure fails the job. A killed job rerun by Snakemake resumes from the run's last checkpoint.
+Any other failure fails the job: with `--log`, the log holds everything (the traceback, every rank's output) and
+the job's own output is the failure in two lines (job/job_log.py). A killed job rerun by Snakemake resumes from
+the run's last checkpoint.
 Multi-node: one launcher per node (srun), `--nnodes N --node-rank K --rdzv-endpoint HOST:PORT`; node 0 writes
-the results.
+the results and the log, node K>0 its log beside it (`<log>.node<K>`).
 """
 from __future__ import annotations
 
@@ -23,10 +30,14 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 from workflow_scripts import columns as C
-from workflow_scripts import schema, study
+from workflow_scripts.job import job_log
+from workflow_scripts.run_spec import RunSpec
+from workflow_scripts.status import RunStatus
 from workflow_scripts.training import graceful_stop, recompute, workflow_watch
 from workflow_scripts.units import GIB
 
@@ -36,61 +47,74 @@ def _header_only(path: Path, columns: list[str]) -> None:
         csv.writer(f).writerow(columns)
 
 
-def environment(spec: dict) -> dict:
+def as_spec(spec: Mapping, where: str = "run spec") -> RunSpec:
+    """The run spec to launch: a RunSpec, a spec's JSON mapping (its schema version checked), or a spec written by
+    hand without a schema_version (resolved once, by workflow_scripts.study.from_request)."""
+    if isinstance(spec, RunSpec):
+        return spec
+    if "schema_version" in spec:
+        return RunSpec.from_dict(spec, where)
+    from workflow_scripts import study
+
+    return study.from_request(dict(spec))
+
+
+def environment(spec: Mapping) -> dict:
+    spec = as_spec(spec)
     env = dict(os.environ)
-    if spec["platform"] == "cpu":
+    if spec.platform == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
-        env["OMP_NUM_THREADS"] = str(schema.filled("train", spec["train"])["threads_per_rank"])
-    if spec.get("torch_extensions_dir"):  # a spec run by hand may name its own; else the workflow's (common.smk)
-        env["TORCH_EXTENSIONS_DIR"] = os.path.abspath(spec["torch_extensions_dir"])
+        env["OMP_NUM_THREADS"] = str(spec.train["threads_per_rank"])
+    if spec.torch_extensions_dir:  # a spec run by hand may name its own; else the workflow's (common.smk)
+        env["TORCH_EXTENSIONS_DIR"] = os.path.abspath(spec.torch_extensions_dir)
     elif not env.get("TORCH_EXTENSIONS_DIR"):  # in a container: the image's toolchain, as its build_ops job found
         from workflow_scripts.training.build_ops import extensions_dir
 
-        env["TORCH_EXTENSIONS_DIR"] = extensions_dir("auto", spec["platform"])
-    env["PIPELINE_STEP_FILE"] = os.path.abspath(os.path.join(spec["work_dir"], "step"))
+        env["TORCH_EXTENSIONS_DIR"] = extensions_dir("auto", spec.platform)
+    env["PIPELINE_STEP_FILE"] = os.path.abspath(os.path.join(spec.work_dir, "step"))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
 
-def unsupported_reason(spec: dict, ctx) -> str | None:
+def unsupported_reason(spec: RunSpec, ctx) -> str | None:
     """A DeepSpeed op that did not build here, or the strategy's own reason; None if it can run."""
     from workflow_scripts.training.strategies import get as get_strategy
 
-    for op_file in spec.get("ops", []):
+    for op_file in spec.ops:
         op = json.loads(Path(op_file).read_text())
         if not op["ok"]:
             return f"DeepSpeed op {op['op']} cannot be built on this platform: {op['error']}"
-    return get_strategy(spec["strategy"]).unsupported(ctx)
+    return get_strategy(spec.strategy).unsupported(ctx)
 
 
-def write_settings(spec: dict, ctx, path: Path) -> None:
+def write_settings(spec: RunSpec, ctx, path: Path) -> None:
     """The strategy's exact settings, for runs whose ranks never wrote them (unsupported, early OOM)."""
     from workflow_scripts.training.context import with_device
     from workflow_scripts.training.strategies import get as get_strategy
 
-    settings = {**get_strategy(spec["strategy"]).settings(with_device(ctx)), "layout": ctx.layout.degrees()}
+    settings = {**get_strategy(spec.strategy).settings(with_device(ctx)), "layout": ctx.layout.degrees()}
     path.write_text(json.dumps(settings, indent=2, default=str))
 
 
-def torchrun_command(spec: dict, spec_path: Path, nnodes: int, node_rank: int, endpoint: str | None) -> list:
-    per_node = spec["world_size"] // nnodes
+def torchrun_command(spec: RunSpec, spec_path: Path, nnodes: int, node_rank: int, endpoint: str | None) -> list:
+    per_node = spec.world_size // nnodes
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={per_node}"]
     if nnodes == 1:
         cmd += ["--standalone"]
     else:
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={spec['run_id']}"]
+                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={spec.run_id}"]
     return cmd + ["-m", "workflow_scripts.training.loop", "--spec", str(spec_path)]
 
 
-def start_sampler(spec: dict, out_csv: Path, root_pid: int, env: dict):
-    cfg = schema.filled("sampler", spec.get("sampler"))
+def start_sampler(spec: RunSpec, out_csv: Path, root_pid: int, env: dict):
+    cfg = spec.sampler
     if cfg["backend"] == "none":
         return None
     from workflow_scripts.measure.vram import start_sampler as start
 
-    return start(str(out_csv), root_pid=root_pid, platform=spec["platform"], backend=cfg["backend"],
+    return start(str(out_csv), root_pid=root_pid, platform=spec.platform, backend=cfg["backend"],
                  interval_s=cfg["interval_s"], step_file=env["PIPELINE_STEP_FILE"])
 
 
@@ -106,25 +130,25 @@ def sampler_fields(result: dict | None) -> dict:
             "sampler_peak_process_bytes": result.get("peak_process_bytes")}
 
 
-def identity(spec: dict, ctx) -> dict:
+def identity(spec: RunSpec, ctx) -> dict:
     return {k: spec[k] for k in ("run_id", "study", "model", "strategy", "world_size", "repeat", "platform")} | {
-        "layout": ctx.layout.key, "precision": spec["precision"]}
+        "layout": ctx.layout.key, "precision": spec.precision}
 
 
-def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
+def launch(spec: Mapping, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
     from workflow_scripts.training.context import from_spec
     from workflow_scripts.training.levers import apply_trial
 
-    spec = {**spec, "train": apply_trial(spec["train"]),  # measured `auto` levers: the trial's choice
-            "batch": spec.get("batch") or study.batch_split(spec)}  # a spec written by hand or before the split
-    out_dir, work_dir = Path(spec["out_dir"]), Path(spec["work_dir"])
+    spec = as_spec(spec)
+    spec = spec.replace(train=apply_trial(spec.train))  # measured `auto` levers: the trial's choice
+    out_dir, work_dir = Path(spec.out_dir), Path(spec.work_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
-    if spec.get("trace_dir"):  # the job's output even when the run ends unsupported or out of memory
-        shutil.rmtree(spec["trace_dir"], ignore_errors=True)  # never a trace of an earlier attempt
-        Path(spec["trace_dir"]).mkdir(parents=True)
+    if spec.trace_dir:  # the job's output even when the run ends unsupported or out of memory
+        shutil.rmtree(spec.trace_dir, ignore_errors=True)  # never a trace of an earlier attempt
+        Path(spec.trace_dir).mkdir(parents=True)
     spec_path = out_dir / C.RUN_SPEC
-    spec_path.write_text(json.dumps(spec, indent=2))
+    spec_path.write_text(spec.to_json())
     env = environment(spec)
     started = time.time()
     lead = node_rank == 0
@@ -136,11 +160,11 @@ def launch(spec: dict, nnodes: int = 1, node_rank: int = 0, endpoint: str | None
 
     reason = unsupported_reason(spec, ctx)
     if reason:
-        write_not_started(spec, ctx, C.UNSUPPORTED, reason, started)
+        write_not_started(spec, ctx, RunStatus.UNSUPPORTED, reason, started)
         return 0
     reason = predicted_oom(spec, ctx)
     if reason:
-        write_not_started(spec, ctx, C.OOM, reason, started)
+        write_not_started(spec, ctx, RunStatus.OOM, reason, started)
         return 0
 
     for marker in [*out_dir.glob("oom_rank*.json"), out_dir / graceful_stop.STOPPED_MARKER]:
@@ -179,14 +203,14 @@ def stopped(out_dir: Path, rc: int) -> int:
     return graceful_stop.STOPPED_EXIT
 
 
-def preflight_problems(spec: dict) -> list[str]:
+def preflight_problems(spec: RunSpec) -> list[str]:
     """Why no rank may start: damaged data files, a diagnostic that would crash this run."""
     from workflow_scripts.measure.memory_peak import refused
 
     return data_problems(spec) + [why for why in [refused(spec)] if why]
 
 
-def data_problems(spec: dict) -> list[str]:
+def data_problems(spec: Mapping) -> list[str]:
     """The run's data files against the SHA-256 in their manifest (data/checksum.py), before any rank starts."""
     from workflow_scripts.data import checksum
 
@@ -204,7 +228,7 @@ def stop_orphaned(proc: subprocess.Popen, why: str) -> None:
     os._exit(1)
 
 
-def predicted_oom(spec: dict, ctx) -> str | None:
+def predicted_oom(spec: Mapping, ctx) -> str | None:
     """With config plan.refuse_oom (spec memory_guard): why the run is not started, if the analytic memory model
     predicts a device-wide peak above the usable GPU memory; None when it fits or is not modelled."""
     guard = spec.get("memory_guard")
@@ -229,12 +253,12 @@ def predicted_oom(spec: dict, ctx) -> str | None:
             f"minus {guard['headroom_gib']} GiB headroom; analytic memory model, config plan.refuse_oom)")
 
 
-def write_not_started(spec: dict, ctx, status: str, reason: str, started: float) -> None:
+def write_not_started(spec: RunSpec, ctx, status: RunStatus, reason: str, started: float) -> None:
     """The row of a run that is not started (unsupported here, or predicted not to fit): empty metrics and
     timeline, the reason in the summary."""
     from workflow_scripts.measure import provenance
 
-    out_dir = Path(spec["out_dir"])
+    out_dir = Path(spec.out_dir)
     print(f"{status}: {reason}", flush=True)
     write_settings(spec, ctx, out_dir / C.SETTINGS)
     _header_only(out_dir / C.METRICS, C.METRIC_COLUMNS)
@@ -244,11 +268,11 @@ def write_not_started(spec: dict, ctx, status: str, reason: str, started: float)
                                                 indent=2))
 
 
-def write_result(spec: dict, ctx, rc: int, sampled: dict | None, started: float, ended: float) -> int:
+def write_result(spec: RunSpec, ctx, rc: int, sampled: dict | None, started: float, ended: float) -> int:
     """Node 0, after the ranks ended: the `ok` or `oom` row with the sampler's peaks and provenance."""
     from workflow_scripts.measure import provenance
 
-    out_dir = Path(spec["out_dir"])
+    out_dir = Path(spec.out_dir)
     ooms = sorted(out_dir.glob("oom_rank*.json"))
     if rc != 0 and not ooms:
         print(f"training failed with exit code {rc}", flush=True)
@@ -263,32 +287,41 @@ def write_result(spec: dict, ctx, rc: int, sampled: dict | None, started: float,
             _header_only(out_dir / C.METRICS, C.METRIC_COLUMNS)
         if not (out_dir / C.SETTINGS).exists():
             write_settings(spec, ctx, out_dir / C.SETTINGS)
-        summary = {**identity(spec, ctx), "status": C.OOM, "reason": failures[0]["error"], "oom_ranks": failures,
+        summary = {**identity(spec, ctx), "status": RunStatus.OOM, "reason": failures[0]["error"], "oom_ranks": failures,
                    "oom_allocated_bytes": max((f["allocated_bytes"] or 0) for f in failures) or None,
                    "oom_reserved_bytes": max((f["reserved_bytes"] or 0) for f in failures) or None}
     else:
         summary = train_summary
-    summary.update(sampler_fields(sampled), study=spec["study"], launch_wall_s=ended - started)
-    if "variant" in spec:  # the as-published variant of a study (rules/published.smk)
-        summary["variant"] = spec["variant"]
+    summary.update(sampler_fields(sampled), study=spec.study, launch_wall_s=ended - started)
+    if spec.variant:  # the as-published variant of a study (rules/published.smk)
+        summary["variant"] = spec.variant
     (out_dir / C.SUMMARY).write_text(json.dumps(summary, indent=2))
-    print(f"{summary['status']}: {spec['run_id']}", flush=True)
+    print(f"{summary['status']}: {spec.run_id}", flush=True)
     return 0
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--spec-json", help="the run spec as a JSON string")
-    src.add_argument("--spec", help="a run spec file")
+    ap.add_argument("--spec", required=True, help="the run spec file (run_spec.json)")
+    ap.add_argument("--log", help="the job's log: all output goes there, a failure is two lines on stderr")
     ap.add_argument("--nnodes", type=int, default=None, help="default: the spec's nodes")
     ap.add_argument("--node-rank", type=int, default=int(os.environ.get("SLURM_NODEID", 0)))
     ap.add_argument("--rdzv-endpoint", default=os.environ.get("PIPELINE_RDZV_ENDPOINT"))
     a = ap.parse_args(argv)
-    spec = json.loads(a.spec_json) if a.spec_json else json.loads(Path(a.spec).read_text())
-    nnodes = a.nnodes or spec.get("nodes", schema.default("nodes"))
-    endpoint = a.rdzv_endpoint or (slurm_endpoint() if nnodes > 1 else None)
-    sys.exit(launch(spec, nnodes, a.node_rank, endpoint))
+    log = a.log if not a.log or a.node_rank == 0 else f"{a.log}.node{a.node_rank}"
+    shown = job_log.redirect(log)
+    try:
+        spec = as_spec(json.loads(Path(a.spec).read_text()), a.spec)
+        nnodes = a.nnodes or spec.nodes
+        endpoint = a.rdzv_endpoint or (slurm_endpoint() if nnodes > 1 else None)
+        rc = launch(spec, nnodes, a.node_rank, endpoint)
+    except Exception as exc:  # noqa: BLE001 - the traceback into the log, its one line where the person looks
+        traceback.print_exc()
+        job_log.failed(shown, "launch", 1, job_log.summary(exc), log)
+        sys.exit(1)
+    if rc != 0:
+        job_log.failed(shown, "launch", rc, job_log.tail(log) or "see the log", log)
+    sys.exit(rc)
 
 
 def slurm_endpoint(port: int = 29400) -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from workflow_scripts import schema
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.precision import policy
 from workflow_scripts.training.run_context import RunContext
@@ -36,11 +37,12 @@ def process_env(platform: str) -> tuple[int, int, int, int, torch.device]:
     return rank, local_rank, world, local_world, device
 
 
-def init_distributed(spec: dict) -> RunContext:
+def init_distributed(spec: Mapping) -> RunContext:
     """Join the process group (gloo on CPU, NCCL/RCCL on GPU) and return this rank's context."""
     import torch.distributed as dist
 
-    rank, local_rank, world, local_world, device = process_env(spec["platform"])
+    spec = RunSpec.of(spec)
+    rank, local_rank, world, local_world, device = process_env(spec.platform)
     ctx = from_spec(spec, rank, local_rank, local_world, device)
     dist.init_process_group(backend=ctx.backend, device_id=device if device.type == "cuda" else None)
     if ctx.world_size != world:
@@ -48,27 +50,23 @@ def init_distributed(spec: dict) -> RunContext:
     return ctx
 
 
-def from_spec(spec: dict, rank: int = 0, local_rank: int = 0, local_world: int | None = None,
+def from_spec(spec: Mapping, rank: int = 0, local_rank: int = 0, local_world: int | None = None,
               device: torch.device | None = None) -> RunContext:
-    """The context of one rank; without a rank (the launcher, before any rank starts) that of rank 0, without a
-    device (`with_device` gives it rank 0's)."""
-    t = spec["train"]
-    layout = Layout.from_dict(spec.get("layout"), spec["world_size"])
+    """The context of one rank, read from the run spec's fields (workflow_scripts/run_spec.py); without a rank (the
+    launcher, before any rank starts) that of rank 0, without a device (`with_device` gives it rank 0's)."""
+    spec = RunSpec.of(spec)
+    t = spec.train
+    layout = Layout(**spec.layout)
     if local_world is None:
-        local_world = layout.world_size // spec.get("nodes", schema.default("nodes"))
-    if "batch" not in spec:
-        raise KeyError("the run spec has no `batch` (the micro-batch split study.run_spec resolves): start the run "
-                       "through workflow_scripts.job.launch, which resolves it in a spec written before or by hand")
-    micro, accum = spec["batch"]["micro_batch"], spec["batch"]["accum"]
-    strategy = get_strategy(spec["strategy"])
+        local_world = layout.world_size // spec.nodes
+    strategy = get_strategy(spec.strategy)
     consumed = strategy.option_keys if strategy.accumulation is not None else ()  # the split read them
-    options = {k: v for k, v in spec["options"].items() if k not in consumed}
+    options = {k: v for k, v in spec.options.items() if k not in consumed}
     return RunContext(rank=rank, local_rank=local_rank, local_world_size=local_world, device=device,
-                      platform=spec["platform"], layout=layout, precision=policy(spec["precision"]),
-                      micro_batch=micro, accum=accum, lr=t["lr"], weight_decay=t["weight_decay"],
+                      platform=spec.platform, layout=layout, precision=policy(spec.precision),
+                      micro_batch=spec.micro_batch, accum=spec.accum, lr=t["lr"], weight_decay=t["weight_decay"],
                       betas=tuple(t["betas"]), eps=t["eps"], grad_clip=t["grad_clip"], seed=t["seed"],
-                      work_dir=spec["work_dir"], options=options,
-                      pipeline_schedule=schema.filled("train", t)["pipeline_schedule"])
+                      work_dir=spec.work_dir, options=options, pipeline_schedule=t["pipeline_schedule"])
 
 
 def with_device(ctx: RunContext) -> RunContext:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from workflow_scripts.training.models import FAMILIES
+
 if TYPE_CHECKING:  # annotations only: the module is read by every Snakefile parse
     import torch
 
@@ -60,7 +62,7 @@ def auto_compile(platform: str, layout: dict | None, family: str, block_flops: f
                                                                             DIMENSIONS[k].compiled_on_gpu)]
     if unchecked:
         return False, f"auto: off under {'/'.join(unchecked)} (compiled runs not checked on a GPU yet)"
-    if family == "qwen2_moe":
+    if FAMILIES[family].moe:
         return False, "auto: off for the MoE family (compiled grouped_mm experts not checked on a GPU yet)"
     if block_flops < MIN_BLOCK_FLOPS:
         return False, (f"auto: off, {block_flops:.1e} FLOP per block call < {MIN_BLOCK_FLOPS:.0e} (host-bound: "
@@ -80,7 +82,7 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
         return {**train, "lever_trial": trial}
     on, why = auto_compile(platform, layout, family, block_flops)
     out = {**train, **{k: on for k in auto}, "compile_auto": why}
-    if "compile_loss" in auto and (family == "vit" or train.get("chunked_loss")):  # not lm_loss: nothing to compile
+    if "compile_loss" in auto and (FAMILIES[family].vision or train.get("chunked_loss")):  # not lm_loss: nothing to compile
         out["compile_loss"] = False
     return out
 
@@ -97,7 +99,7 @@ def trial_candidates(names: list[str], platform: str, data_only: bool, family: s
     graphs need a GPU; the whole-model compile data-parallel layouts (config_check) and not the chunked loss; a
     ViT's loss and the chunked loss have nothing to compile (the candidate is the one without it)."""
     run, skip = {}, {}
-    no_loss = family == "vit" or bool(train.get("chunked_loss"))
+    no_loss = FAMILIES[family].vision or bool(train.get("chunked_loss"))
     for name in names:
         keys = {**CANDIDATES[name], **({"compile_loss": False} if no_loss else {})}
         if keys["compile_mode"] == "reduce-overhead" and platform == "cpu":
@@ -139,7 +141,7 @@ def lever_set(train: dict, applied: dict | None) -> tuple[str, bool]:
 def compiles(train: dict, family: str, layout: dict | None) -> bool:
     """Whether a run's resolved settings compile anything: its blocks, or its loss where the loss is ours (not a
     ViT's classifier loss, not under cp, whose sequence-sharded loss stays eager: parallel/sequence.py)."""
-    loss = train.get("compile_loss") is True and family != "vit" and int((layout or {}).get("cp", 1)) == 1
+    loss = train.get("compile_loss") is True and not FAMILIES[family].vision and int((layout or {}).get("cp", 1)) == 1
     return train.get("compile_blocks") is True or train.get("compile_model") is True or loss
 
 

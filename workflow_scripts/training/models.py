@@ -36,6 +36,18 @@ class ModelSpec:
     hub_id: str | None  # where pretrained weights / the original config live
     shape: dict  # architecture keys for the transformers config class
     lora: dict | None = None  # a LoRA variant: peft's LoraConfig keys (train.lora overrides them)
+    vision: bool = False  # an image classifier (data.kind: images; its loss is its classifier's, not lm_loss)
+
+    # ---------------------------------------------------------------- capabilities
+    @property
+    def moe(self) -> bool:
+        """Routed experts in its blocks (expert parallelism applies; grouped_mm experts)."""
+        return self.n_experts > 0
+
+    @property
+    def tied_embeddings(self) -> bool:
+        """The LM head shares the input embedding's weight."""
+        return bool(self.shape.get("tie_word_embeddings", False))
 
     @property
     def n_layer(self) -> int:
@@ -70,7 +82,7 @@ class ModelSpec:
         attn = 2 * d * d + 2 * d * kv_dim  # q, o; k, v
         if self.family == "gpt2":
             return attn + 2 * d * (self.shape.get("n_inner") or 4 * d)
-        if self.family == "vit":
+        if self.vision:
             return attn + 2 * d * self.shape["intermediate_size"]
         if self.n_experts:
             routed = self.shape["num_experts_per_tok"] * self.shape["moe_intermediate_size"]
@@ -118,7 +130,7 @@ def _vit(name, hub_id, layers, hidden, inter, heads, patch, lora=None):
     """ViT image classifier (transformers ViTForImageClassification); the image size comes from the data."""
     shape = dict(VIT_BASE, num_hidden_layers=layers, hidden_size=hidden, intermediate_size=inter,
                  num_attention_heads=heads, patch_size=patch)
-    return ModelSpec(name, "vit", hub_id, shape, lora)
+    return ModelSpec(name, "vit", hub_id, shape, lora, vision=True)
 
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in [
@@ -146,6 +158,12 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 ]}
 
 
+# what a family can do (vision, MoE) is what every model of it can: the first registry model of each family
+FAMILIES: dict[str, ModelSpec] = {}
+for _m in MODELS.values():
+    FAMILIES.setdefault(_m.family, _m)
+
+
 def padded_vocab(vocab_size: int, multiple: int) -> int:
     """Round the embedding rows up to a multiple (64/128 keeps the LM-head matmul on fast tiles)."""
     if multiple <= 1:
@@ -165,7 +183,7 @@ def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | 
 
     spec = model_spec(name, overrides)
     shape = dict(spec.shape)
-    if spec.family == "vit":  # vocab_size: the classes; block_size: one image row (label + 3 x size x size)
+    if spec.vision:  # vocab_size: the classes; block_size: one image row (label + 3 x size x size)
         from transformers import ViTConfig
 
         return ViTConfig(num_labels=vocab_size, image_size=image_size(block_size), **shape)
@@ -186,7 +204,7 @@ def build_model(name: str, vocab_size: int, block_size: int, *, pretrained: str 
 
     attention.register(attn_implementation)
 
-    if MODELS[name].family == "vit":
+    if MODELS[name].vision:
         return build_vit(name, vocab_size, block_size, pretrained, attn_implementation, overrides)
     if pretrained:
         model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32,
@@ -268,7 +286,7 @@ def model_flops_per_token(name: str, n_params: int, seq_len: int, trainable: int
     a ViT the "tokens" of a step are the stored values of its image rows: FLOPs per image / row length, so that
     tokens/s x flops_per_token = images/s x FLOPs per image."""
     spec = model_spec(name, overrides)
-    if spec.family == "vit":
+    if spec.vision:
         per_image = vit_flops_per_image(n_params, n_params if trainable is None else trainable, spec.n_layer,
                                         spec.d_model, spec.patches(image_size(seq_len)))
         return per_image / seq_len
