@@ -4,9 +4,9 @@
 
 rule calibrate:
     input:
-        # after the data preparation and the op builds, which share the host with it (beside the tokenizer, GPU 0's
-        # launch cost measured 1.29x GPU 1's: results/scaling/h200x2-beside-check); their outputs only order it
-        # (ancient: a new data preparation never recalibrates)
+        # after the data preparation and the op builds, which share the host with it (a host busy with the
+        # tokenizer measures a slower launch cost); their outputs only order it (ancient: a new data preparation
+        # never recalibrates)
         data=ancient(DATA["manifest"]),
         ops=ancient(study_ops()),
     output:
