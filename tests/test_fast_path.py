@@ -10,8 +10,8 @@ from workflow_scripts.training.layout import Layout
 def config(platform: str, **train) -> dict:
     return {"results_dir": "r", "work_dir": "w", "data_dir": "d", "study": "t", "nodes": 1, "platform": platform,
             "data": {"kind": "text", "block_size": 1024}, "images": {"image_size": 224},
-            "train": {"precision": "bf16-mixed", "seed": 1, "micro_batch_size": 16, "grad_accum": 1, "compile_blocks": "auto",
-                      "compile_loss": "auto", **train},
+            "train": {"precision": "bf16-mixed", "seed": 1, "micro_batch_size": 16, "grad_accum": 1,
+                      "compile_blocks": "auto", "compile_loss": "auto", **train},
             "strategy_options": {}, "pretrained": {}, "model_overrides": {}, "sampler": {}, "substitutions": [],
             "plan": {}, "profile": {}}
 

@@ -30,8 +30,8 @@ def test_ranks_are_laid_out_pp_dp_cp_tp_with_tp_innermost():
 def test_context_asks_the_layout_for_the_data_parallel_size():
     import torch
 
-    from workflow_scripts.training.run_context import RunContext
     from workflow_scripts.training.precision import policy
+    from workflow_scripts.training.run_context import RunContext
 
     ctx = RunContext(rank=3, local_rank=3, local_world_size=8, device=torch.device("cpu"), platform="cpu",
                      layout=Layout(dp=2, tp=2, pp=2), precision=policy("fp32"), micro_batch=4, accum=2, lr=1e-3,

@@ -11,10 +11,9 @@ import sys
 
 import pandas as pd
 import pytest
-
 from conftest import REPO, launch_spec
-from workflow_scripts.training import checkpoint as ck
 
+from workflow_scripts.training import checkpoint as ck
 
 MODEL_FILE = "ckpt/mp_rank_00_model_states.pt"  # DeepSpeed's save_checkpoint(path, tag="ckpt")
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import REPO, assert_default_study_losses, copy_workflow, snakemake
 
 STRATEGIES = yaml.safe_load((REPO / "config.yaml").read_text())["strategies"]
@@ -122,8 +121,8 @@ def config_error(override: dict) -> str:
 
 
 # lowest first: a package imports only those before it (the house's arrows all point down)
-LAYERS = ["units", "schema", "columns", "run_spec", "status", "data", "measure", "training", "replay", "study", "config_check", "plan",
-          "job", "report", "doctor", "container_image", "bench"]
+LAYERS = ["units", "schema", "columns", "run_spec", "status", "data", "measure", "training", "replay", "study",
+          "config_check", "plan", "job", "report", "doctor", "container_image", "bench"]
 
 
 def test_no_package_imports_upward_and_the_strategies_never_import_the_context_builder():
@@ -174,9 +173,9 @@ def test_deepspeed_bf16_options_reach_its_bf16_section_and_need_bf16_pure():
     one (fp32, bf16-mixed) is refused before any job, naming the option and the precision key."""
     import torch
 
-    from workflow_scripts.training.run_context import RunContext
     from workflow_scripts.training.layout import Layout
     from workflow_scripts.training.precision import policy
+    from workflow_scripts.training.run_context import RunContext
     from workflow_scripts.training.strategies import STRATEGIES as ALL
 
     def ds_json(precision, strategy="zero2", **options):

@@ -97,10 +97,10 @@ def data_kind_problems(config: dict) -> list[str]:
     image classifiers so far; a local image folder exists."""
     kind, out = config["data"]["kind"], []
     for m in study.all_names(config, "models"):
-        if m in MODELS and (MODELS[m].family == "vit") != (kind == "images"):
-            out.append(f"data.kind: {kind}, but {m} is {'an image classifier' if MODELS[m].family == 'vit' else 'a language model'}"
-                       f" (set data.kind: {'images' if MODELS[m].family == 'vit' else 'text'})")
-    if config["train"].get("lora") and any(MODELS[m].family != "vit" for m in study.all_names(config, "models")
+        if m in MODELS and MODELS[m].vision != (kind == "images"):
+            what, wants = ("an image classifier", "images") if MODELS[m].vision else ("a language model", "text")
+            out.append(f"data.kind: {kind}, but {m} is {what} (set data.kind: {wants})")
+    if config["train"].get("lora") and any(not MODELS[m].vision for m in study.all_names(config, "models")
                                            if m in MODELS):
         out.append("train.lora: LoRA is wired for the vit-* models only")
     local = (config.get("images") or {}).get("local") or {}
@@ -298,7 +298,7 @@ def chunked_loss_problems(config: dict) -> list[str]:
             continue
         key = f"{where}train.chunked_loss"
         out += [f"{key}: {m} is an image classifier (no LM head)" for m in g["models"]
-                if m in MODELS and MODELS[m].family == "vit"]
+                if m in MODELS and MODELS[m].vision]
         out += [f"{key}: not with train.{k}: true ({why})" for k, why in
                 (("compile_loss", "the chunked loss replaces it"), ("compile_model", "not checked compiled yet"))
                 if train.get(k) is True]

@@ -15,10 +15,11 @@ A committed run without its `run_spec.json` cannot be replayed: the study stops 
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from workflow_scripts import columns as C
+from workflow_scripts.status import RunStatus
 
 VERSIONS = ("torch", "deepspeed", "transformers", "cuda")  # provenance: what the run ran on
 SPLIT = ("micro_batch", "grad_accum", "effective_batch")  # the run's micro-batch split (summary.json)
@@ -30,7 +31,7 @@ def run_dir(results_dir: str | Path, model: str, strategy: str, layout: str, rep
     return Path(results_dir) / C.RUN_DIR.format(model=model, strategy=strategy, layout=layout, repeat=repeat)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _read(path: str) -> dict | None:
     p = Path(path)
     return json.loads(p.read_text()) if p.exists() else None
@@ -77,7 +78,7 @@ def problems(against: str | None) -> list[str]:
         rows = list(csv.DictReader(f))
     out = []
     for r in rows:
-        if r.get("status") != C.OK:
+        if r.get("status") != RunStatus.OK:
             continue
         layout = C.layout_key(r.get("layout"), r["world_size"])
         path = run_dir(against, r["model"], r["strategy"], layout, int(float(r["repeat"]))) / C.RUN_SPEC

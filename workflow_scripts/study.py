@@ -106,7 +106,8 @@ def data_dir(config: dict) -> str:
 def data_paths(config: dict) -> dict:
     """The data every run reads: the blocks in data_dir, the manifest as copied into the study's results."""
     d = data_dir(config)
-    return {"train": f"{d}/train.npy", "val": f"{d}/val.npy", "manifest": f"{config['results_dir']}/{C.TOKENS_MANIFEST}"}
+    return {"train": f"{d}/train.npy", "val": f"{d}/val.npy",
+            "manifest": f"{config['results_dir']}/{C.TOKENS_MANIFEST}"}
 
 
 def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repeat: int, overrides: dict,

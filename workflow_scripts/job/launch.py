@@ -287,7 +287,8 @@ def write_result(spec: RunSpec, ctx, rc: int, sampled: dict | None, started: flo
             _header_only(out_dir / C.METRICS, C.METRIC_COLUMNS)
         if not (out_dir / C.SETTINGS).exists():
             write_settings(spec, ctx, out_dir / C.SETTINGS)
-        summary = {**identity(spec, ctx), "status": RunStatus.OOM, "reason": failures[0]["error"], "oom_ranks": failures,
+        summary = {**identity(spec, ctx), "status": RunStatus.OOM, "reason": failures[0]["error"],
+                   "oom_ranks": failures,
                    "oom_allocated_bytes": max((f["allocated_bytes"] or 0) for f in failures) or None,
                    "oom_reserved_bytes": max((f["reserved_bytes"] or 0) for f in failures) or None}
     else:

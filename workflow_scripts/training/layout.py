@@ -30,11 +30,11 @@ class Layout:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def data_parallel(cls, world_size: int) -> "Layout":
+    def data_parallel(cls, world_size: int) -> Layout:
         return cls(dp=int(world_size))
 
     @classmethod
-    def from_config(cls, entry, where: str = "layouts") -> "Layout":
+    def from_config(cls, entry, where: str = "layouts") -> Layout:
         """An int (a pure data-parallel world size) or a mapping of degrees, e.g. {dp: 2, pp: 2}."""
         if isinstance(entry, int) and not isinstance(entry, bool):
             return cls.data_parallel(entry)
@@ -49,7 +49,7 @@ class Layout:
         return cls(**entry)
 
     @classmethod
-    def from_key(cls, key: str) -> "Layout":
+    def from_key(cls, key: str) -> Layout:
         m = re.fullmatch(r"ws(\d+)", key)
         if m:
             return cls.data_parallel(int(m.group(1)))
@@ -59,8 +59,9 @@ class Layout:
         return cls(**parts)
 
     @classmethod
-    def from_dict(cls, d: dict | None, world_size: int) -> "Layout":
-        """From a run spec's `layout` (older specs have none: pure data parallel over world_size)."""
+    def from_dict(cls, d: dict | None, world_size: int) -> Layout:
+        """From a `layout` mapping of degrees; none (a plan's candidate, a run recorded without one): pure data
+        parallel over world_size."""
         return cls(**d) if d else cls.data_parallel(world_size)
 
     # ---------------------------------------------------------------- what consumers ask

@@ -3,9 +3,10 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
 
 - compile_blocks: `torch.compile` of each transformer block in place (`nn.Module.compile`) before the strategy
   wraps the model, the unit FSDP shards and DDP buckets around, so gradient communication still overlaps block by
-  block (ZeRO-3 makes each block a leaf module and compiles its forward: the strategy's `compile_blocks`). Embeddings, the
-  final norm and the LM head stay eager. Whole-block recomputation wraps the compiled block (HF's non-reentrant
-  checkpoint recomputes the compiled forward); selective recomputation lies inside it (training/recompute.py).
+  block (ZeRO-3 makes each block a leaf module and compiles its forward: the strategy's `compile_blocks`).
+  Embeddings, the final norm and the LM head stay eager. Whole-block recomputation wraps the compiled block (HF's
+  non-reentrant checkpoint recomputes the compiled forward); selective recomputation lies inside it
+  (training/recompute.py).
 - compile_model (false unless set): the whole model compiled around the strategy's wrapper after the engine is built
   (`torch.compile(DDP(model))`, FSDP2's root module, DeepSpeed's `engine.compile`): a few compiled regions per step
   instead of one per block; with `compile_mode: reduce-overhead` they replay as CUDA graphs. Replaces
@@ -13,16 +14,18 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
 - compile_loss: the next-token cross-entropy compiled: the bf16 logits are upcast inside one fused kernel instead
   of materialising an fp32 copy of the (batch x sequence x vocabulary) logits and their gradient.
 
-Both default to `auto` (resolve, called by the run spec), decided by a rule or by a measurement (config
-`auto_levers.by`). The rule: on a GPU platform they are on, the fast path; off on CPU (compilation costs more than
-it saves there), where a block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is host-bound
-there), under layout dimensions whose compiled runs were not checked on a GPU yet (parallel.Dimension.compiled_on_gpu),
-and for the MoE family (grouped_mm experts). The measurement:
-before a configuration's timed repeats, a few steps of each candidate lever set (CANDIDATES, whole-model compile and
-CUDA graphs among them) on the study's own machine and shape (rule lever_trial, job/lever_trial.py); the launcher
+Both default to `auto` (resolve, called when the study resolves a run spec), decided by a rule or by a measurement
+(config `auto_levers.by`). The rule: on a GPU platform they are on, the fast path; off on CPU (compilation costs
+more than it saves there), where a block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is
+host-bound there), under layout dimensions whose compiled runs were not checked on a GPU yet
+(parallel.Dimension.compiled_on_gpu), and for MoE models (grouped_mm experts). The measurement: before a
+configuration's timed repeats, a few steps of each candidate lever set (CANDIDATES, whole-model compile and CUDA
+graphs among them) on the study's own machine and shape (rule lever_trial, job/lever_trial.py); the launcher
 applies the fastest (apply_trial). Either way the run spec records what the run does and why (`compile_auto`).
 `true` / `false` force them. `train.compile_mode` is torch.compile's mode for all of them (e.g.
-max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of compilation). What a run used is recorded in its `strategy_settings.json` under `harness`.
+max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of compilation). What a run used is recorded in its
+`strategy_settings.json` under `harness`. A family's capabilities (vision, MoE) are its models' fields
+(training/models.FAMILIES).
 """
 from __future__ import annotations
 
@@ -82,7 +85,7 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
         return {**train, "lever_trial": trial}
     on, why = auto_compile(platform, layout, family, block_flops)
     out = {**train, **{k: on for k in auto}, "compile_auto": why}
-    if "compile_loss" in auto and (FAMILIES[family].vision or train.get("chunked_loss")):  # not lm_loss: nothing to compile
+    if "compile_loss" in auto and (FAMILIES[family].vision or train.get("chunked_loss")):  # not lm_loss: none
         out["compile_loss"] = False
     return out
 
@@ -153,7 +156,8 @@ def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
     blocks = train.get("compile_blocks") is True and not whole  # resolved by the run spec; "auto" compiles nothing
     mode = train.get("compile_mode", "default")
     extra = strategy.compile_blocks(model, mode) if blocks else {}
-    return {**extra, "compile_blocks": blocks, "compile_model": whole, "compile_loss": train.get("compile_loss") is True,
+    return {**extra, "compile_blocks": blocks, "compile_model": whole,
+            "compile_loss": train.get("compile_loss") is True,
             "compile_mode": mode, "attn_implementation": train.get("attn_implementation", "sdpa"),
             "host_sync": f"every {train.get('log_every')} steps (losses and CUDA-event timings read together)",
             "loader": "pinned host memory, non_blocking copies"}

@@ -84,7 +84,7 @@ class Run:
 
     @property
     def vision(self) -> bool:
-        return MODELS[self.spec["model"]].family == "vit"
+        return MODELS[self.spec["model"]].vision
 
     @property
     def t(self) -> dict:
@@ -114,7 +114,7 @@ def setup(spec: dict) -> Run:
     seq_len = data["block_size"]
     model = make_model(spec, vocab, seq_len)
     n_params, trainable = count_params(model), count_trainable(model)
-    if MODELS[spec["model"]].family == "vit":  # image rows: pixels and label (training/vision.py)
+    if MODELS[spec["model"]].vision:  # image rows: pixels and label (training/vision.py)
         ctx.forward_loss = vision.forward_loss
     applied = {**recompute.enable(model, t), **levers.apply(model, t, strategy), **deterministic}
     ctx.compiled = applied["compile_blocks"] or applied["compile_model"]  # what the strategy's engine is built around
