@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, assert_default_study_losses, copy_workflow, snakemake
+from conftest import REPO, assert_default_study_losses, copy_workflow, overlay, snakemake
 
 STRATEGIES = yaml.safe_load((REPO / "config.yaml").read_text())["strategies"]
 
@@ -364,3 +365,88 @@ def test_figures_tables_and_report(default_study):
     assert set(STRATEGIES) - {"zero0"} <= rows, rows  # whole cells: `zero2` is not found inside `zero2_offload`
     html = (res / "report.html").read_text(errors="replace")
     assert len(html) > 10000 and "loss_curves" in html
+
+
+# ------------------------------------------------------------------ the run spec and a failed job's message
+def validated_config(override: dict | None = None) -> dict:
+    from snakemake.utils import update_config
+
+    from workflow_scripts import config_check
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    update_config(config, override or {})
+    config_check.validate_study(config, str(REPO / "schemas/config.schema.yaml"))
+    return config
+
+
+def test_the_run_spec_is_resolved_once_and_reads_back_as_written(tmp_path):
+    """study.resolve gives every field a reader needs: config.yaml's micro-batch 8 at grad_accum 1 is grad_accum's
+    8 accumulation steps of 1 sample (the same effective batch of 8) and DDP's 1 step of 8; the seed is the study's
+    + the repeat; the train settings carry every schema key (the precision beside
+    them). The JSON reads back equal; a spec of another schema
+    version, or with a key the spec does not have, is one error naming the file and the key."""
+    from workflow_scripts import schema, study
+    from workflow_scripts.run_spec import RunSpec, RunSpecError
+
+    config = validated_config()
+    kw = dict(out_dir="o", work_dir="w", ops=[])
+    ga = study.resolve(config, "gpt2-tiny", "grad_accum", 2, 1, {}, **kw)
+    ddp = study.resolve(config, "gpt2-tiny", "ddp", 2, 0, {}, **kw)
+    assert (ga.micro_batch, ga.accum, ddp.micro_batch, ddp.accum) == (1, 8, 8, 1)
+    assert ga.train["seed"] == config["train"]["seed"] + 1 and ga.layout == {"dp": 2, "pp": 1, "tp": 1, "cp": 1,
+                                                                            "ep": 1}
+    assert set(schema.default("train")) - {"precision"} <= set(ga.train) and ga.precision == "fp32"
+    assert ga.train["compile_blocks"] is False and ga.train["compile_auto"].startswith("auto: off on CPU")
+    assert ga.data["manifest"] == "results/default/data/tokens_manifest.json" and ga.trace_dir is None
+    assert "trace_dir" not in ga and ga["train"] is ga.train  # the mapping view reads the JSON's keys
+    path = tmp_path / "run_spec.json"
+    path.write_text(ga.to_json())
+    assert RunSpec.load(path) == ga and json.loads(path.read_text())["schema_version"] == 1
+    for edit, named in (({"schema_version": 0}, "schema_version 0"), ({"epoch": 1}, "unknown key 'epoch'")):
+        path.write_text(json.dumps({**ga.to_dict(), **edit}))
+        with pytest.raises(RunSpecError, match=named) as err:
+            RunSpec.load(path)
+        assert str(err.value).startswith(str(path))
+
+
+def test_a_spec_of_another_version_stops_the_launcher_and_the_trial_in_two_lines(tmp_path):
+    """What the person reads is the job's error and where its log is; the traceback is in the log."""
+    from workflow_scripts import study
+
+    spec = {**study.resolve(validated_config(), "gpt2-tiny", "ddp", 2, 0, {}, out_dir=str(tmp_path / "o"),
+                            work_dir=str(tmp_path / "w"), ops=[]).to_dict(), "schema_version": 0}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "trial.json").write_text(json.dumps({"specs": {"eager": spec}, "skipped": {}}))
+    for module, args in (("launch", ["--spec", "spec.json"]), ("lever_trial", ["--trial", "trial.json", "--out", "v"])):
+        done = subprocess.run([sys.executable, "-m", f"workflow_scripts.job.{module}", *args, "--log", f"{module}.log"],
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                              text=True, timeout=120)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 2, done.stderr
+        assert "schema_version 0" in lines[0] and ("spec.json" in lines[0] or "specs.eager" in lines[0])
+        assert lines[1] == f"  full log: {module}.log" and done.stdout == ""
+        assert "Traceback" in (tmp_path / f"{module}.log").read_text()
+
+
+def test_a_failed_training_job_is_its_own_error_in_a_few_lines(default_study):
+    """The rules name spec files, never a spec (a measured study's lever trial and runs alike: the dry run's
+    commands); a run whose ranks fail (a model shape transformers refuses) shows its own error and its log in
+    Snakemake's output, no spec JSON, Snakemake's own failure block around it."""
+    wd = default_study
+    measured = overlay(wd, "measured", results_dir="results/measured", auto_levers={"by": "measurement"})
+    commands = [line for line in snakemake(wd, *measured, "-n", "-p").stdout.splitlines()
+                if "workflow_scripts.job." in line]
+    assert any("job.lever_trial --trial .snakemake/run_specs/" in c for c in commands), commands
+    assert commands and all(len(c) < 300 and '{"' not in c for c in commands), max(commands, key=len)
+    (wd / "results/failing/calibration").mkdir(parents=True)  # the study's calibration: no new one needed
+    shutil.copy(wd / "results/default/calibration/calibration.json", wd / "results/failing/calibration/")
+    args = overlay(wd, "failing", results_dir="results/failing", work_dir="work/failing", strategies=["ddp"],
+                   model_overrides={"gpt2-tiny": {"n_embd": 130}})  # 130 is not a multiple of its 4 heads
+    done = snakemake(wd, "results/failing/runs/gpt2-tiny/ddp/ws2/r0/summary.json", *args, check=False)
+    out = (done.stdout + done.stderr).splitlines()
+    assert done.returncode != 0
+    first = next(i for i, line in enumerate(out) if line.startswith("launch failed"))
+    own = out[first:next(i for i in range(first, len(out)) if out[i].startswith("RuleException"))]
+    assert len(own) == 2 and "divisible by num_heads" in own[0], own
+    assert own[1] == "  full log: results/failing/logs/train/gpt2-tiny/ddp/ws2/r0.log"
+    assert len(out) - first <= 25 and not any('"run_id"' in line for line in out), "\n".join(out[first:])

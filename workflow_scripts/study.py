@@ -163,7 +163,7 @@ def from_request(request: dict) -> RunSpec:
     """A run spec written by hand (a test's run, a run started without the workflow), without a schema_version:
     the keys it leaves out take the schema's defaults (train, sampler, nodes), a pure data-parallel layout over
     its world_size and the micro-batch split of its strategy, as `resolve` gives them."""
-    train = schema.filled("train", request.get("train"))
+    train = {k: v for k, v in schema.filled("train", request.get("train")).items() if k != "precision"}
     world = request["world_size"]
     layout = request.get("layout") or Layout.data_parallel(world).degrees()
     options = request.get("options") or {}

@@ -4,6 +4,7 @@ shows (`failed`): what failed with the error's one-line summary, and where the f
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -28,7 +29,7 @@ def redirect(log: str | None) -> TextIO:
 def error_line(text: str) -> str:
     """The error a run's output ends with: the last line naming an error (a rank's own, above torchrun's
     ChildFailedError tail), else its last line."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln.strip()) for ln in text.strip().splitlines() if ln.strip()]
     errors = [ln for ln in lines if ("Error" in ln or "error:" in ln) and "ChildFailedError" not in ln]
     return (errors or lines or [""])[-1][:300]
 
