@@ -190,7 +190,7 @@ def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | 
     if spec.family == "gpt2":
         shape["n_positions"] = max(shape.get("n_positions", 1024), block_size)
         return GPT2Config(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0, **shape)
-    config = Qwen2MoeConfig if spec.family == "qwen2_moe" else Qwen2Config
+    config = Qwen2MoeConfig if spec.moe else Qwen2Config
     return config(vocab_size=vocab_size, **shape)
 
 
