@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from test_tables import make_study  # noqa: E402
+
 from workflow_scripts.report import figure_registry, figures  # noqa: E402
 
 
@@ -276,3 +277,46 @@ def test_scaling_and_layouts_need_more_than_one_of_them_for_one_model():
     assert made(study_config(world_sizes=[1, 2, 4], layouts=[{"dp": 2, "tp": 2}])) == EVERY_STUDY | {
         "memory_timeline", "scaling", "layouts"}
     assert made(study_config(world_sizes=[2], layouts=[{"dp": 1, "tp": 4}])) == EVERY_STUDY | {"memory_timeline"}
+
+
+# ---------------------------------------------------------------- the report's first page
+def test_report_hook_refreshes_the_findings_after_verify_only(tmp_path):
+    import os
+    from types import SimpleNamespace as NS
+
+    from workflow_scripts.report import report_hook
+
+    findings, verified = tmp_path / "findings.rst", tmp_path / "reproduction.csv"
+    workflow = NS(rules=NS(findings=NS(output=NS(rst=str(findings))),
+                           compare_with_committed=NS(output=NS(csv=str(verified)))))
+    assert report_hook.findings_stale(workflow) is None  # no verify table
+    verified.write_text("model\n")
+    assert report_hook.findings_stale(workflow) == findings  # no findings beside it
+    findings.write_text("")
+    os.utime(verified, (1000, 1000))
+    assert report_hook.findings_stale(workflow) is None  # the findings are newer
+    os.utime(verified, (findings.stat().st_mtime + 10,) * 2)
+    assert report_hook.findings_stale(workflow) == findings
+    assert report_hook.findings_stale(NS(rules=NS())) is None  # a workflow without the rules
+    meta = report_hook.metadata({"repeats": 3, "train": {"micro_batch_size": 8, "max_steps": None, "seed": 1}})
+    assert meta == {"Repeats per configuration": 3, "Micro-batch size": 8, "Seed": 1}
+
+
+def test_the_first_page_includes_the_findings_once_they_exist(tmp_path):
+    """report/workflow.rst as Snakemake renders it (Jinja over the report's files, then docutils)."""
+    from types import SimpleNamespace as NS
+
+    from docutils.core import publish_parts
+    from jinja2 import Environment
+    from test_tables import findings_of
+
+    findings_of(tmp_path)
+    (tmp_path / "findings.md").write_text("")
+    (tmp_path / "f.rst").rename(tmp_path / "findings.rst")
+    page = (HERE.parent / "report/workflow.rst").read_text()
+    env = Environment(trim_blocks=True, lstrip_blocks=True)
+    with_findings = [NS(target="findings.md", path=tmp_path / "findings.md")]
+    for files, expected in ((with_findings, "What the synthetic study found"), ([], "No findings yet")):
+        text = env.from_string(page).render(files=files, snakemake=NS(config={}), categories={})
+        html = publish_parts(text, writer="html", settings_overrides={"halt_level": 2})["html_body"]
+        assert expected in html

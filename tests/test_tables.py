@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workflow_scripts.report import stats, tables  # noqa: E402
 
 RUNS_COLUMNS = (
-    "run_id study model strategy family zero_stage layout world_size repeat platform device_name precision precision_detail "
+    "run_id study model strategy family zero_stage layout world_size repeat platform device_name precision "
+    "precision_detail "
     "status reason in_figures n_params n_layer d_model seq_len vocab_size micro_batch grad_accum effective_batch "
     "tokens_per_step steps steps_per_epoch epochs train_samples time_per_epoch_s train_time_s step_time_median_s "
     "step_time_p90_s forward_median_s backward_median_s optimizer_median_s tokens_per_s samples_per_s "
@@ -62,7 +63,8 @@ def run_row(strategy, stage, in_figures, ws, repeat, status, tps, cpu):
     return {
         "run_id": f"{MODEL}-{strategy}-w{ws}-r{repeat}", "study": "synthetic", "model": MODEL, "strategy": strategy,
         "family": "ddp" if strategy == "ddp" else "fsdp" if strategy == "fsdp" else "deepspeed",
-        "zero_stage": stage, "layout": f"ws{ws}", "world_size": ws, "repeat": repeat, "platform": "cpu" if cpu else "cuda",
+        "zero_stage": stage, "layout": f"ws{ws}", "world_size": ws, "repeat": repeat,
+        "platform": "cpu" if cpu else "cuda",
         "device_name": "cpu" if cpu else "NVIDIA H100 80GB HBM3", "precision": "bf16-pure", "precision_detail": "",
         "status": status, "reason": "" if ok else REASONS[status], "in_figures": in_figures, "n_params": n_params,
         "n_layer": 2, "d_model": 128, "seq_len": 128, "vocab_size": 8192, "micro_batch": 4, "grad_accum": 1,
@@ -299,7 +301,8 @@ def test_a_table_without_layout_keys_is_one_clear_error(tmp_path):
     runs = pd.read_csv(paths["runs"])
     runs.loc[3, "layout"] = None
     runs.to_csv(paths["runs"], index=False)
-    with pytest.raises(ValueError, match=r"1 of 27 rows have no layout key or world size \(the first: run gpt2-tiny-zero0-w1-r0\)"):
+    with pytest.raises(ValueError, match=r"1 of 27 rows have no layout key or world size "
+                                         r"\(the first: run gpt2-tiny-zero0-w1-r0\)"):
         tables.read_runs(paths["runs"])
     with pytest.raises(ValueError, match="no `layout` column"):
         tables.with_layout(runs.drop(columns="layout"))
@@ -320,9 +323,10 @@ def findings_of(tmp_path, reproduction: pd.DataFrame | None = None) -> tuple[str
 
 
 def md_rows(md: str, section: str) -> list[list[str]]:
+    """The body rows of a section's table (its header row left out)."""
     block = md.split(f"## {section}\n")[1].split("\n## ")[0]
     return [[c.strip() for c in line.strip("|").split(" | ")] for line in block.splitlines()
-            if line.startswith("| ") and not line.startswith("| Model |") and not line.startswith("| Verdict |")]
+            if line.startswith("| ")][1:]
 
 
 def test_findings_fastest_and_lowest_memory_by_hand(tmp_path):
@@ -344,13 +348,14 @@ def test_findings_fastest_and_lowest_memory_by_hand(tmp_path):
 
 def test_findings_summary_ranks_and_what_was_not_measured(tmp_path):
     md, _ = findings_of(tmp_path)
-    rows = {(r[1], r[2]): r for r in md_rows(md, "Summary")}
-    # 1 GPU by tokens/s: zero2 2000, ddp 1100, fsdp 925; by sampler peak: zero2 1.31, ddp 1.51 (fsdp: reserved)
-    assert [rows[("1 GPU", s)][5] for s in ("zero2", "ddp", "fsdp")] == ["1", "2", "3"]
-    assert [rows[("1 GPU", s)][7] for s in ("zero2", "ddp")] == ["1", "2"]
-    assert rows[("1 GPU", "fsdp")][7].startswith("– [")
-    assert rows[("1 GPU", "zero0")][5].startswith("– [") and rows[("1 GPU", "zero3")][3:6] == ["OOM", "–", "–"]
-    assert rows[("1 GPU", "fsdp")][3] == "ok (2/3 ok; 1 failed)" and rows[("1 GPU", "fsdp")][9] == "2/3"
+    rows = {r[0]: r for r in md_rows(md, "Summary: gpt2-tiny, 1 GPU")}
+    # by tokens/s: zero2 2000, ddp 1100, fsdp 925; by sampler peak: zero2 1.31, ddp 1.51 GiB (fsdp's: reserved)
+    assert [rows[s][2:4] for s in ("zero2", "ddp", "fsdp")] == [["2,000 ± 25", "1"], ["1,100 ± 248", "2"],
+                                                                ["925 ± 318", "3"]]
+    assert [rows[s][4:6] for s in ("zero2", "ddp")] == [["1.31 ± 0.02 [1]", "1"], ["1.51 ± 0.02 [1]", "2"]]
+    assert rows["fsdp"][4].startswith("0.350 ± 0.000 [") and rows["fsdp"][5].startswith("– [")
+    assert rows["zero0"][3].startswith("– [") and rows["zero3"][1:4] == ["OOM", "–", "–"]
+    assert rows["fsdp"][1] == "ok (2/3 ok; 1 failed)" and rows["fsdp"][7] == "2/3"
     assert md_rows(md, "Not measured") == [
         ["gpt2-tiny", "1 GPU", "zero3", "OOM", "CUDA out of memory at step 3"],
         ["gpt2-tiny", "1 GPU", "zero_infinity", "unsupported", "needs libaio (async_io op)"],
@@ -368,7 +373,7 @@ def test_findings_give_verifys_verdict(tmp_path):
     md, _ = findings_of(tmp_path, reproduction)
     block = md.split("## Reproduction (target verify)\n")[1].split("\n## ")[0]
     assert "| reproduced | 3 |" in block and "| differs-explained | 1 |" in block
-    assert "| fails | 4 of 5 reproduced or explained |" in block
+    assert "| target verify | fails: 4 of 5 rows reproduced or explained |" in block
     assert md_rows(md, "Rows neither reproduced nor explained") == [
         ["gpt2-tiny", "fsdp", "ws1", "0", "differs-unexplained", "throughput 0.71x"]]
 
@@ -379,5 +384,5 @@ def test_findings_rst_renders_without_docutils_warnings(tmp_path):
 
     _, text = findings_of(tmp_path)
     html = publish_parts(text, writer="html", settings_overrides={"report_level": 2, "halt_level": 2})["body"]
-    assert html.count('class="findings') == 3 and "footnote-reference" in html
+    assert html.count('class="findings') == 4 and '<sup>1</sup>' in html  # findings, 2 summaries, not measured
     assert "2,000 ± 25 tokens/s" in html and "zero_infinity" in html

@@ -23,9 +23,9 @@ caption, that no `*_figure` function is left out, and the figure sets of a CPU t
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 CAPTIONS = Path(__file__).resolve().parents[2] / "report/captions"
 EXTENSIONS = ("png", "pdf")
@@ -44,7 +44,7 @@ class Shape:
     layouts: dict  # model -> world size -> the layout keys run at it
 
     @classmethod
-    def of(cls, config: dict) -> "Shape":
+    def of(cls, config: dict) -> Shape:
         from workflow_scripts import study
         from workflow_scripts.training.layout import Layout
 

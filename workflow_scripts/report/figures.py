@@ -55,13 +55,35 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from workflow_scripts import columns as C  # noqa: E402
-from workflow_scripts.report.stats import t_quantile  # noqa: E402
 from workflow_scripts.columns import STEP_COLUMNS, VRAM_COLUMNS  # noqa: E402
 from workflow_scripts.report import figure_registry  # noqa: E402
-from workflow_scripts.report.style import (NO_VALUE, apply_style, corner_note, empty_note, grid, mark_missing,  # noqa: E402
-                                           parse_style, save, status_mark, strategy_colours, strategy_ticks, titled)
-from workflow_scripts.report.tables import (is_image_model, layout_word, memory_unit, model_order, order_strategies,  # noqa: E402
-                                            read_runs, read_table, strategy_rank, summary_rows, with_layout)
+from workflow_scripts.report.stats import t_quantile  # noqa: E402
+from workflow_scripts.report.style import (  # noqa: E402
+    NO_VALUE,
+    apply_style,
+    corner_note,
+    empty_note,
+    grid,
+    mark_missing,
+    parse_style,
+    save,
+    status_mark,
+    strategy_colours,
+    strategy_ticks,
+    titled,
+)
+from workflow_scripts.report.tables import (  # noqa: E402
+    is_image_model,
+    layout_word,
+    memory_unit,
+    model_order,
+    order_strategies,
+    read_runs,
+    read_table,
+    strategy_rank,
+    summary_rows,
+    with_layout,
+)
 
 __all__ = ["parse_style", "apply_style", "save"]  # the style module's, re-exported for the CLI's callers
 FIGURES = figure_registry.names("figures")  # the study figures (rule figures), in the registry's order

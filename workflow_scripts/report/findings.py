@@ -27,8 +27,16 @@ import pandas as pd
 
 from workflow_scripts import columns as C
 from workflow_scripts.report import stats
-from workflow_scripts.report.tables import (MEMORY_SOURCES, fmt_mean_ci, is_image_model, layout_word,
-                                            memory_unit, order_strategies, read_runs, summary_rows)
+from workflow_scripts.report.tables import (
+    MEMORY_SOURCES,
+    fmt_mean_ci,
+    is_image_model,
+    layout_word,
+    memory_unit,
+    order_strategies,
+    read_runs,
+    summary_rows,
+)
 
 VERIFY_PASSING = ("reproduced", "differs-explained")  # the verdicts target verify accepts (report/verify.py)
 
@@ -85,10 +93,24 @@ def ranked(rows: pd.DataFrame, metric: str, ascending: bool) -> pd.DataFrame:
     return ok.sort_values([metric, "strategy"], ascending=[ascending, True])
 
 
-def memory_cell(row, unit: tuple[str, float], table: Table) -> str:
+def memory_sources(rows: pd.DataFrame) -> list[str]:
+    """The MEMORY_SOURCES keys the rows' peak memories come from."""
+    return list(dict.fromkeys(k for v in rows["peak_memory_source"] for k in str(v).split(";") if k in MEMORY_SOURCES))
+
+
+def memory_header(table: Table, word: str, summary: pd.DataFrame) -> str:
+    """The peak-memory column's header: marked with its source where every row has the same one."""
+    sources = memory_sources(summary[summary["status"] == C.OK])
+    return word + (table.note(MEMORY_SOURCES[sources[0]][1]) if len(sources) == 1 else "")
+
+
+def memory_cell(row, unit: tuple[str, float], table: Table, summary: pd.DataFrame, with_unit: bool = True) -> str:
+    """Mean ± CI in `unit`; marked with its source unless the column's header is (one source in the table)."""
     text = fmt_mean_ci(row["peak_memory_bytes"] / unit[1], row["peak_memory_bytes_ci95"] / unit[1])
-    sources = [s for s in str(row["peak_memory_source"]).split(";") if s in MEMORY_SOURCES]
-    return f"{text} {unit[0]}" + "".join(table.note(MEMORY_SOURCES[s][1]) for s in sources)
+    text += f" {unit[0]}" if with_unit else ""
+    if len(memory_sources(summary[summary["status"] == C.OK])) == 1:
+        return text
+    return text + "".join(table.note(MEMORY_SOURCES[s][1]) for s in memory_sources(pd.DataFrame([row])))
 
 
 def interval_note(table: Table, n: float) -> str:
@@ -99,9 +121,10 @@ def interval_note(table: Table, n: float) -> str:
 
 
 def findings_table(summary: pd.DataFrame, runs: pd.DataFrame, hidden: list[str]) -> Table:
-    t = Table("Findings", ["Model", "Ranks", "Fastest", "Throughput", "Lead over the next fastest",
-                           "Lowest peak memory", "Peak memory", "Margin under the next lowest", "Ran to ok"])
-    for (model, layout), rows in summary.groupby(["model", "layout"], sort=False):
+    t = Table("Findings", ["Model", "Run on", "Fastest", "Throughput", "Lead over the next fastest",
+                           "Lowest peak memory", "", "Margin under the next lowest", "Ran to ok"])
+    t.header[6] = memory_header(t, "Peak memory", summary)
+    for (model, _), rows in summary.groupby(["model", "layout"], sort=False):
         metric, unit = throughput(model)
         visible = rows[~rows["strategy"].isin(hidden)]
         fast = ranked(visible, metric, ascending=False)
@@ -122,7 +145,7 @@ def findings_table(summary: pd.DataFrame, runs: pd.DataFrame, hidden: list[str])
             cells += ["–", "–", "–"]
         if len(small):
             a = small.iloc[0]
-            cells += [a["strategy"], memory_cell(a, mem_unit, t)]
+            cells += [a["strategy"], memory_cell(a, mem_unit, t, summary)]
             if len(small) > 1:
                 b = small.iloc[1]
                 cells.append(f"{percent(a['peak_memory_bytes'] / b['peak_memory_bytes'])} under {b['strategy']}")
@@ -139,44 +162,46 @@ def findings_table(summary: pd.DataFrame, runs: pd.DataFrame, hidden: list[str])
     return t
 
 
-def summary_table(summary: pd.DataFrame, hidden: list[str]) -> Table:
-    t = Table("Summary", ["Model", "Ranks", "Strategy", "Status", "Throughput", "Speed rank", "Peak memory",
-                          "Memory rank", "Final loss", "Repeats ok"])
-    for (model, layout), rows in summary.groupby(["model", "layout"], sort=False):
+def summary_tables(summary: pd.DataFrame, hidden: list[str]) -> list[Table]:
+    """One table per (model, layout): every strategy's status, throughput, peak memory, ranks and final loss."""
+    out = []
+    for (model, _), rows in summary.groupby(["model", "layout"], sort=False):
         metric, unit = throughput(model)
+        ok = rows[rows["status"] == C.OK]
+        mem_unit = memory_unit(float(ok["peak_memory_bytes"].max()) if len(ok) else math.nan)
+        t = Table(f"Summary: {model}, {where(rows.iloc[0])}",
+                  ["Strategy", "Status", f"{unit[0].upper()}{unit[1:]}", "Speed rank", "", "Memory rank",
+                   "Final loss", "Repeats ok"])
+        t.header[4] = memory_header(t, f"Peak memory ({mem_unit[0]})", summary)
         visible = rows[~rows["strategy"].isin(hidden)]
         speed = {s: i + 1 for i, s in enumerate(ranked(visible, metric, ascending=False)["strategy"])}
         memory = {s: i + 1 for i, s in enumerate(ranked(visible, "peak_memory_bytes", ascending=True)["strategy"])}
-        ok = rows[rows["status"] == C.OK]
-        mem_unit = memory_unit(float(ok["peak_memory_bytes"].max()) if len(ok) else math.nan)
         for _, row in rows.iterrows():
-            base = [model, where(row), row["strategy"]]
+            repeats = f"{row['n_ok']}/{row['n_runs']}"
             if row["status"] != C.OK:
-                t.rows.append(base + [C.STATUS_CELL.get(row["status"], row["status"])] + ["–"] * 5
-                              + [f"{row['n_ok']}/{row['n_runs']}"])
+                t.rows.append([row["strategy"], C.STATUS_CELL.get(row["status"], row["status"])] + ["–"] * 5
+                              + [repeats])
                 continue
             rank = (lambda ranks: str(ranks[row["strategy"]]) if row["strategy"] in ranks else "–" + t.note(
                 "left out of the rankings (identical to another strategy)" if row["strategy"] in hidden else
                 "not ranked: peak memory measured otherwise than the ranked rows"))
-            t.rows.append(base + [
-                C.OK + (f" ({row['status_detail']})" if row["status_detail"] else ""),
-                f"{fmt_mean_ci(row[metric], row[f'{metric}_ci95'], decimals=0)} {unit}",
-                rank(speed),
-                memory_cell(row, mem_unit, t) if pd.notna(row["peak_memory_bytes"]) else "–",
-                rank(memory),
-                fmt_mean_ci(row["final_loss"], row["final_loss_ci95"], decimals=3),
-                f"{row['n_ok']}/{row['n_runs']}"])
-    t.notes.append("Rank 1: the highest throughput, the lowest peak memory, among the strategies that ran to ok; "
-                   "± is the 95% confidence half-width, shown where two or more repeats succeeded. Every column: "
-                   "summary.md.")
-    return t
+            t.rows.append([
+                row["strategy"], C.OK + (f" ({row['status_detail']})" if row["status_detail"] else ""),
+                fmt_mean_ci(row[metric], row[f"{metric}_ci95"], decimals=0), rank(speed),
+                memory_cell(row, mem_unit, t, summary, with_unit=False) if pd.notna(row["peak_memory_bytes"])
+                else "–", rank(memory), fmt_mean_ci(row["final_loss"], row["final_loss_ci95"], decimals=3), repeats])
+        t.notes.append("Rank 1: the highest throughput, the lowest peak memory, among the strategies that ran to ok. "
+                       "± is the 95% confidence half-width where two or more repeats succeeded. All columns: "
+                       "summary.md.")
+        out.append(t)
+    return out
 
 
 def not_measured_table(summary: pd.DataFrame) -> Table | None:
     rows = summary[summary["reason"].astype(bool) | (summary["status"] != C.OK)]
     if rows.empty:
         return None
-    t = Table("Not measured", ["Model", "Ranks", "Strategy", "Status", "Reason"])
+    t = Table("Not measured", ["Model", "Run on", "Strategy", "Status", "Reason"])
     for _, row in rows.iterrows():
         status = row["status_detail"] or C.STATUS_CELL.get(row["status"], row["status"])
         t.rows.append([row["model"], where(row), row["strategy"], status, row["reason"] or "–"])
@@ -188,8 +213,8 @@ def verify_tables(reproduction: pd.DataFrame) -> list[Table]:
     passed = int(counts[[v for v in VERIFY_PASSING if v in counts]].sum())
     head = Table("Reproduction (target verify)", ["Verdict", "Rows"])
     head.rows = [[verdict, str(int(n))] for verdict, n in counts.items()]
-    head.rows.append(["passes" if passed == len(reproduction) else "fails", f"{passed} of {len(reproduction)} "
-                      "reproduced or explained"])
+    head.rows.append(["target verify", f"{'passes' if passed == len(reproduction) else 'fails'}: {passed} of "
+                      f"{len(reproduction)} rows reproduced or explained"])
     head.notes.append("Verdicts and tolerances: workflow_scripts/report/verify.py; every row: reproduction.md.")
     bad = reproduction[~reproduction["verdict"].isin(VERIFY_PASSING)]
     if bad.empty:
@@ -216,7 +241,7 @@ def build(runs: pd.DataFrame, reproduction: pd.DataFrame | None) -> list[Table]:
     if summary.empty:
         return [Table("Findings", ["Runs"], [["none"]])]
     hidden = order_strategies(summary.loc[~summary["in_figures"].astype(bool), "strategy"])
-    tables = [findings_table(summary, runs, hidden), summary_table(summary, hidden)]
+    tables = [findings_table(summary, runs, hidden), *summary_tables(summary, hidden)]
     tables += [t for t in [not_measured_table(summary)] if t]
     if reproduction is not None:
         tables += verify_tables(reproduction)
@@ -225,16 +250,17 @@ def build(runs: pd.DataFrame, reproduction: pd.DataFrame | None) -> list[Table]:
 
 # ---------------------------------------------------------------- rendering
 def _marks(cell: str, render) -> str:
-    parts = cell.split("\x00")
+    """The cell on one line (a reason may span several), its note markers rendered."""
+    parts = " ".join(str(cell).split()).split("\x00")
     return "".join(render(int(p)) if i % 2 else p for i, p in enumerate(parts))
 
 
 def markdown(title: str, line: str, tables: list[Table]) -> str:
     out = [f"# {title}", "", line, ""]
     for t in tables:
-        out += [f"## {t.title}", "", "| " + " | ".join(t.header) + " |", "|" + "---|" * len(t.header)]
-        out += ["| " + " | ".join(_marks(c, lambda n: f" [{n}]").replace("|", "\\|") for c in r) + " |"
-                for r in t.rows]
+        cells = [[_marks(c, lambda n: f" [{n}]").replace("|", "\\|") for c in r] for r in [t.header, *t.rows]]
+        out += [f"## {t.title}", "", "| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(t.header)]
+        out += ["| " + " | ".join(r) + " |" for r in cells[1:]]
         out += [""] + [f"[{i}] {n}  " for i, n in enumerate(t.notes, 1)] + [""]
     return "\n".join(out)
 
@@ -248,14 +274,13 @@ def rst_text(text: str) -> str:
 
 def rst(title: str, line: str, tables: list[Table]) -> str:
     out = [title, "=" * len(title), "", rst_text(line), ""]
-    for k, t in enumerate(tables):
-        label = lambda n: f"t{k}n{n}"  # noqa: E731 (footnote labels unique over the page)
+    for t in tables:
         out += [".. list-table:: " + rst_text(t.title), "   :header-rows: 1", "   :class: findings", ""]
         for r in [t.header, *t.rows]:
-            cells = [_marks(rst_text(c), lambda n: f" [#{label(n)}]_") or "–" for c in r]
+            cells = [_marks(rst_text(c), lambda n: f"\\ :sup:`{n}`") or "–" for c in r]
             out += ["   * - " + cells[0]] + [f"     - {c}" for c in cells[1:]]
         out.append("")
-        out += [f".. [#{label(i)}] {rst_text(n)}" for i, n in enumerate(t.notes, 1)] + [""]
+        out += [f"| :sup:`{i}` {rst_text(n)}" for i, n in enumerate(t.notes, 1)] + [""]
     return "\n".join(out)
 
 

@@ -2,10 +2,10 @@
 
 Called from the Snakefile's `onsuccess`; the effective config (config.yaml, --configfile and --config merged) is
 written next to the report so the report's DAG is exactly the one that ran. The report opens on what the study
-found: report/workflow.rst includes the findings (rule findings, workflow_scripts/report/findings.py), beside the
-study's name, platform and the command that reruns it (the landing page's metadata, report.metadata.yaml), in
-report/report.css's wider page. A verify table newer than the findings (target verify ran after them) brings the
-findings up to date first, so the first page gives its verdict.
+found: report/workflow.rst includes the findings (rule findings, workflow_scripts/report/findings.py), above the
+repeats, micro-batch, step cap and seed (the landing page's metadata, report.metadata.yaml; with none, Snakemake
+opens on the DAG), in report/report.css's wider page. A verify table newer than the findings (target verify ran
+after them) brings the findings up to date first, so the first page gives its verdict.
 """
 from __future__ import annotations
 
@@ -35,10 +35,13 @@ def findings_stale(workflow) -> Path | None:
     return findings if not findings.exists() or verified.stat().st_mtime > findings.stat().st_mtime else None
 
 
-def metadata(config: dict, effective: Path) -> dict:
-    """The landing page's list under the findings (values are reStructuredText)."""
-    return {"Study": config["study"], "Platform": config["platform"], "Results": f"``{config['results_dir']}``",
-            "Rerun": f"``snakemake --cores all --configfile {effective}``"}
+def metadata(config: dict) -> dict:
+    """The landing page's list under the findings: how much each number rests on. Numbers only: Snakemake's
+    report shows a text value as its docutils parts, not as text."""
+    train = config["train"]
+    found = {"Repeats per configuration": config["repeats"], "Micro-batch size": train["micro_batch_size"],
+             "Optimizer steps per run, at most": train["max_steps"], "Seed": train["seed"]}
+    return {k: v for k, v in found.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def write_report_after_success(workflow, config: dict, report_path: str, needs: str | None = None) -> None:
@@ -51,7 +54,7 @@ def write_report_after_success(workflow, config: dict, report_path: str, needs: 
     effective.parent.mkdir(parents=True, exist_ok=True)
     effective.write_text(yaml.safe_dump(config, sort_keys=True))
     meta = Path(report_path).with_name("report.metadata.yaml")
-    meta.write_text(yaml.safe_dump(metadata(config, effective), sort_keys=False))
+    meta.write_text(yaml.safe_dump(metadata(config), sort_keys=False))
     base = [sys.executable, "-m", "snakemake", "--snakefile", workflow.main_snakefile, "--configfile",
             str(effective), "--nolock", "--quiet"]
     env = {**os.environ, "PIPELINE_NO_REPORT": "1"}

@@ -42,8 +42,9 @@ METRICS = ["time_per_epoch_s", "train_time_s", "tokens_per_s", "samples_per_s", 
            "val_accuracy_final", "trainable_params", "forward_median_s", "backward_median_s",
            "optimizer_median_s"]
 # configuration: taken from the group's first successful run (the same for every repeat)
-CONFIG = ["world_size", "family", "zero_stage", "platform", "device_name", "precision", "n_params", "n_layer", "seq_len",
-          "micro_batch", "grad_accum", "effective_batch", "tokens_per_step", "epochs", "train_samples", "in_figures"]
+CONFIG = ["world_size", "family", "zero_stage", "platform", "device_name", "precision", "n_params", "n_layer",
+          "seq_len", "micro_batch", "grad_accum", "effective_batch", "tokens_per_step", "epochs", "train_samples",
+          "in_figures"]
 
 MEMORY_SOURCES = {
     "sampler": ("d", "device-wide peak from the NVML/amdsmi sampler (includes the CUDA/HIP context)"),
@@ -309,7 +310,8 @@ def fmt_int(x) -> str:
 
 # ---------------------------------------------------------------- the summary table
 COLUMNS = ["Strategy", "Model", "Parameters", "GPUs", "Batch", "Epochs", "Samples", "Time/epoch (s)",
-           "Step: fwd / bwd / opt (ms)", "Peak memory", "Final loss", "Tokens/s (images: img/s)", "MFU (%)", "Repeats", "Status", "Provenance"]
+           "Step: fwd / bwd / opt (ms)", "Peak memory", "Final loss", "Tokens/s (images: img/s)", "MFU (%)", "Repeats",
+           "Status", "Provenance"]
 
 
 def phase_cell(row) -> str:
