@@ -8,8 +8,8 @@ import re
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import REPO, copy_workflow, snakemake
+
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan.predict import count_params, shape
 from workflow_scripts.plan.traced import layer_saved_bytes

@@ -16,7 +16,8 @@ from workflow_scripts.plan import step_time as st
 
 H100 = "NVIDIA H100 80GB HBM3"
 CURVES = {"matmul_bf16": [{"m": 1, "k": 1, "n": 1, "tflops": 100.0}],
-          "sdpa_bf16": [{"causal": True, "seq": 1, "head_dim": 1, "tflops": 50.0}]}
+          "sdpa_bf16": [{"causal": True, "seq": 1, "head_dim": 1, "tflops": 50.0},
+                        {"causal": False, "seq": 1, "head_dim": 1, "tflops": 60.0}]}
 
 
 def calibration(gpu: str | None, rows: dict) -> dict:

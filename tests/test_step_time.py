@@ -11,11 +11,13 @@ from workflow_scripts.plan import predict as pm
 from workflow_scripts.plan import step_time as st
 
 GRID = (1, 10**6)
+CURVES = {"matmul_bf16": [{"m": 1, "k": 1, "n": 1, "tflops": 100.0}],  # a calibration's curves, both masks of SDPA
+          "sdpa_bf16": [{"causal": c, "seq": 1, "head_dim": 1, "tflops": 50.0} for c in (True, False)]}
 
 
 def flat_rates(**kw) -> st.Rates:
     matmul = tuple((m, k, n, 100.0) for m in GRID for k in GRID for n in GRID)
-    sdpa = tuple((True, s, e, 50.0) for s in GRID for e in GRID)  # causal only: a full mask takes its rate
+    sdpa = tuple((causal, s, e, 50.0) for causal in (True, False) for s in GRID for e in GRID)
     return st.Rates(matmul=matmul, sdpa=sdpa, hbm=1000.0, launch_us=10.0,
                     busbw={("all_reduce", 2): ((1.0, 100.0), (1e12, 100.0)),
                            ("all_gather", 2): ((1.0, 100.0), (1e12, 100.0))}, **kw)
@@ -76,7 +78,8 @@ def test_attention_term_is_sdpa_forward_and_backward_at_its_masks_rate():
     vit = gpt2_run(shape=mm.Shape("vit", n_params=100_000, n_layer=1, d=64, ffn=256, kv=64, head_dim=16, vocab=10))
     assert st.attention_seconds(vit, flat_rates(), 1) == pytest.approx(2 * flops / 50e12)  # full: the whole matrix
     both = flat_rates()
-    both = st.Rates(**{**both.__dict__, "sdpa": both.sdpa + tuple((False, s, e, 100.0) for s in GRID for e in GRID)})
+    both = st.Rates(**{**both.__dict__, "sdpa": tuple(p for p in both.sdpa if p[0])
+                       + tuple((False, s, e, 100.0) for s in GRID for e in GRID)})
     assert st.attention_seconds(vit, both, 1) == pytest.approx(2 * flops / 100e12)  # at the full mask's own rate
     assert st.attention_seconds(gpt2_run(), both, 1) == pytest.approx(flops / 50e12)
 
@@ -127,7 +130,7 @@ def test_memory_work_runs_at_the_fitted_copy_times_the_machines_block_kernels_ov
     rates = st.Rates.of({"rows": [{"name": "hbm_copy[0]", "value": 1000.0},
                                   {"name": "memory_block[rmsnorm_rotary_silu,compiled]", "value": 1250.0}],
                          "curves": {"matmul_bf16": [{"m": 1, "k": 1, "n": 1, "tflops": 1.0}],
-                                    "sdpa_bf16": [{"seq": 1, "head_dim": 1, "tflops": 1.0}]}})
+                                    "sdpa_bf16": CURVES["sdpa_bf16"]}})
     assert rates.memory_block == {"rmsnorm_rotary_silu,compiled": 1250.0}
 
 
@@ -187,7 +190,7 @@ def test_sharded_engines_add_their_hooks_per_unit_or_per_tensor(constants):
     assert st.run_for(layout={"dp": 1}, **plan).tensors == 28  # wte, wpe, ln_f's 2 and 12 a block
     assert not st.run_for(layout={"dp": 1}, **plan).hooks_per_block  # one rank: one unit (the strategy's own rule)
     assert st.run_for(layout={"dp": 2}, **plan).hooks_per_block
-    assert st.run_for(layout={"dp": 1}, applied={}, **plan).hooks_per_block  # a run that recorded no wrapping
+    assert st.run_for(layout={"dp": 1}, applied={"wrap_blocks": True}, **plan).hooks_per_block  # as it recorded
 
 
 def test_a_recomputed_block_replays_its_forwards_launches_from_the_host(constants):
@@ -250,8 +253,7 @@ def test_eager_zero3s_hooks_cost_the_calibrated_time_per_tensor_and_module(const
 
 
 def test_the_rank_count_rows_of_a_calibration_are_read_by_rank_count():
-    curves = {"matmul_bf16": [{"m": 1, "k": 1, "n": 1, "tflops": 100.0}],
-              "sdpa_bf16": [{"causal": True, "seq": 1, "head_dim": 1, "tflops": 50.0}]}
+    curves = CURVES
     rows = [{"name": "hbm_copy[0]", "value": 1000.0}, {"name": "launch_us[0]", "value": 7.0},
             {"name": "zero3_tensor_us", "value": 600.0}, {"name": "zero3_tensor_us_ranks[2]", "value": 750.0},
             {"name": "tp_linear_us", "value": 700.0}, {"name": "tp_linear_us_ranks[4]", "value": 1200.0},
@@ -331,6 +333,10 @@ def test_a_calibration_without_the_curves_is_refused_by_name():
     old = {"rows": [{"name": "matmul_bf16[0]", "value": 700.0}, {"name": "launch_us[0]", "value": 10.0}]}
     with pytest.raises(ValueError, match="matmul_bf16, sdpa_bf16"):
         st.Rates.of(old)
+    causal_only = {"rows": [{"name": "hbm_copy[0]", "value": 1000.0}],
+                   "curves": {**CURVES, "sdpa_bf16": CURVES["sdpa_bf16"][:1]}}
+    with pytest.raises(ValueError, match="both masks"):
+        st.Rates.of(causal_only)
     assert math.isinf(st.comm_seconds(gpt2_run(layout={"dp": 4}), st.Rates((), (), 1.0, 1.0), 0.0)[0]) is False
 
 

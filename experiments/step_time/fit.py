@@ -258,7 +258,7 @@ def roles(frame: pd.DataFrame) -> tuple:
 
 def bounds_markdown(frame: pd.DataFrame) -> str:
     """The held-out rows by what bounds their predicted step: the device's kernels, the host's launches and hooks
-    (whose pace a machine's CPUs do not hold from one moment to the next: results/bench_harness/h200-host-pace), or
+    (whose pace a machine's CPUs do not hold from one moment to the next), or
     the rest (collectives, offload, a pipeline's bubble)."""
     test = held_out(frame) & ~fit_class(frame)
     kind = bound_kind(frame["bound"])

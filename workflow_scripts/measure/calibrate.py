@@ -2,7 +2,7 @@
 timed runs, so that a rerun on another machine can say whether its timings differ because the machine does.
 
     python -m workflow_scripts.measure.calibrate --platform cuda --world-sizes 2,4 --work-dir work/x \\
-        --out results/<study>/calibration/calibration.json --md .../calibration.md
+        --out <set>/calibration/calibration.json --md <set>/calibration/calibration.md
 
 Measured (median of `rounds` after one warm-up; the two host-speed measures, cpu_single_thread and launch_us, the
 fastest of 3 x `rounds`), each a row {name, value, unit, detail}:
@@ -60,7 +60,7 @@ LAUNCHES = 20_000
 GEMM_M = (2048, 8192, 32768)  # tokens of a micro-batch on one device
 # hidden, MLP and vocabulary widths; 1024 and 1536 between 768 and 2048, where the rate climbs steeply: interpolated
 # there without them, GPT-2-medium's 16384 x 1024 x 4096 read 623 TFLOP/s on an H100 whose direct measurement gave
-# 678-707 (results/bench_harness/h100-device-pace)
+# 678-707
 GEMM_KN = (768, 1024, 1536, 2048, 4096, 8192, 65536)
 UNALIGNED = (8192, 1024, 50257)  # m x k x n: tokens x hidden x an odd vocabulary (GPT-2's 50,257 rows unpadded)
 SDPA_SEQ = (256, 512, 1024, 2048, 4096)  # a ViT's 197-257 patches to long language-model contexts
@@ -409,10 +409,10 @@ def zero3_host_rows(rounds: int) -> list[dict]:
     """The host's cost of DeepSpeed ZeRO-3 beyond plain torch, per parameter tensor and per module: forward, backward
     and optimizer step in a one-rank ZeRO-3 engine (the strategies' bf16-mixed JSON: DeepSpeed's torch_autocast,
     torch's AdamW), less the same model plain under autocast with the same optimizer. Its gathers, releases and
-    gradient reductions walk every tensor in Python (the host profile of results/vit/h100-zero3-grad-check), and it
-    hooks every module, with parameters or without; what a launch costs prices neither (results/gpt2_tutorial/
-    h100-zero3-predicted). Two models of ZERO3_LAYERS small linears, equal in tensors: `zero3_tensor_us` is the bare
-    stack's cost per tensor (ZERO3_STACK_MODULES_PER_TENSOR modules a tensor), `zero3_module_us` what the
+    gradient reductions walk every tensor in Python (a host profile of ViT-Huge under ZeRO-3), and it hooks every
+    module, with parameters or without; what a launch costs prices neither (GPT-2 under ZeRO-3 on an H100 ran far
+    slower than its launches predict). Two models of ZERO3_LAYERS small linears, equal in tensors: `zero3_tensor_us`
+    is the bare stack's cost per tensor (ZERO3_STACK_MODULES_PER_TENSOR modules a tensor), `zero3_module_us` what the
     ZERO3_CONTAINERS containers nested around each linear of the other add, per module (one container a linear made
     a signal of about 20 ms a step, which one machine's noise turned negative). None with the reason where DeepSpeed
     is missing or fails."""

@@ -1,7 +1,7 @@
 """A run's predicted peak memory per GPU, from what the run is (its spec and summary) or from a plan's settings:
 the analytic model (memory_model.py) with its activations counted by hand, or traced (traced.py: the same model
 with one real decoder layer's saved tensors counted by torch). Used by the parse stage (a `predicted_peak_bytes`
-column), the benchmark (bench/memory.py) and the planner (plan/planner.py).
+column), the benchmark (experiments/memory) and the planner (plan/planner.py).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def host_copy_bytes(model: str, seq_len: int, vocab: int) -> float:
     memory-mapped blocks (uint8 pixels, or the token ids' stored width s: data.tokenize), widened to int64 (s read,
     8 written: (s + 8) / 2) and copied into pinned memory (8): s + (s + 8) / 2 + 8 a value. An image row of 150,529
     values is 2.0 MB (a ViT-Base micro-batch of 64: 130 MB, 19 ms at a host's 6.9 GB/s; one H100 host readied it in
-    25-27 ms, 0.87-0.99x what its own copy predicted: results/bench_harness/h100-input-copy), a block of 1,024 tokens
+    25-27 ms, 0.87-0.99x what its own copy predicted), a block of 1,024 tokens
     15 kB."""
     import numpy as np
 
@@ -197,8 +197,8 @@ def predict_run(spec: dict, summary: dict, method: str = "analytic", settings: d
 
 
 def recorded_gathered(settings: dict | None) -> bool | None:
-    """Whether a run's FSDP2 engine kept the gathered parameters into backward, as it recorded it; runs made before
-    it recorded that (all wrapped each block) kept them exactly when they did not reshard after forward."""
+    """Whether a run's FSDP2 engine kept the gathered parameters into backward, as it recorded it; a record with
+    only reshard_after_forward (every block wrapped) kept them exactly when it did not reshard after forward."""
     if not settings:
         return None
     if "gathered_kept" in settings:
@@ -208,5 +208,5 @@ def recorded_gathered(settings: dict | None) -> bool | None:
 
 def recorded_wrap_blocks(settings: dict | None) -> bool | None:
     """Whether a run's FSDP2 engine wrapped each block as a unit, as it recorded it (None: no record, a plan's
-    candidate); runs made before it recorded that all did."""
+    candidate); a record without the key wrapped every block."""
     return None if settings is None else bool(settings.get("wrap_blocks", True))

@@ -55,8 +55,9 @@ L_r the layers of this rank (L / pp) and P_r the parameters it updates:
 The device and the host run concurrently (kernels are queued ahead), so the larger of the two sets the pace (the
 p-norm is their max where one dominates, and more where they are close: the queue runs dry now and then); the named
 term with the largest share is the run's bound. The constants in upper case describe the software (how many
-bytes an eager block moves, how many launches it issues) and are fitted once on the committed one-GPU sets
-(bench/step_time.py --fit), never on the sets the model is tested on; the rates are the machine's.
+bytes an eager block moves, how many launches it issues) and are fitted once on one-GPU sets (step_time_fit.json,
+written by experiments.step_time.fit --fit), never on the sets the model is tested on; the rates are the machine's
+(a calibration's, its host costs its GPU kind's rate file's: load_rates).
 """
 from __future__ import annotations
 
@@ -72,8 +73,8 @@ from workflow_scripts.plan.bound import BUSBW
 from workflow_scripts.training.precision import policy
 from workflow_scripts.units import GB, MB, MIB
 
-# The software's constants, fitted on the committed one-GPU H100 rows (python -m workflow_scripts.bench.step_time --fit
-# writes step_time_fit.json: the values, what they were fitted on and the error there): bytes per token, layer and
+# The software's constants, fitted on one-GPU H100 rows (python -m experiments.step_time.fit --fit writes
+# step_time_fit.json: the values, what they were fitted on and the error there): bytes per token, layer and
 # (d + f) moved outside the matmuls, per lever set; bytes per token and vocabulary entry of the loss; launches per
 # layer and micro-batch; launches per micro-batch; DeepSpeed's launches per parameter tensor; FSDP2's and ZeRO-3's
 # hook launches per layer and micro-batch; the p-norm of device and host time.
@@ -84,16 +85,16 @@ MEMORY_BYTES, LOSS_BYTES, HOST_OPS = _FIT["MEMORY_BYTES"], _FIT["LOSS_BYTES"], _
 FIXED_OPS, DS_OPS_PER_TENSOR, HOOK_OPS, OVERLAP = (_FIT["FIXED_OPS"], _FIT["DS_OPS_PER_TENSOR"], _FIT["HOOK_OPS"],
                                                    _FIT["OVERLAP"])
 ADAMW_BYTES = 28  # per parameter: fp32 parameter, gradient, exp_avg, exp_avg_sq read; parameter and moments written
-# and where the gradients are clipped: their norm reads each fp32 gradient, the scaling reads and writes it (the
-# committed traces' optimizer kernels ran 1.4-1.65x the 28 bytes: results/step_time/traced_parts.md)
+# and where the gradients are clipped: their norm reads each fp32 gradient, the scaling reads and writes it (traced
+# optimizer kernels ran 1.4-1.65x the 28 bytes: experiments.step_time.fit's traced parts)
 CLIP_BYTES = 12
 # The share of DeepSpeed ZeRO-3's gathers and reduce-scatters that ran under compute in a trace (ViT-Huge, 2 x H200,
-# NCCL kernels overlapped 7.6 % and 12.0 % on the two ranks: results/vit/h200x2-zero3-traces, BENCHMARKS.md Part 6c);
+# NCCL kernels overlapped 7.6 % and 12.0 % on the two ranks);
 # FSDP2's prefetch is taken to hide them behind the backward (no trace of it measured against that yet).
 ZERO3_OVERLAP = 0.1
 # A matmul whose width k or n is not a multiple of ALIGN elements (16 bytes of bf16) runs on cuBLAS's fallback kernels
 # (sm75 tensor-op GEMMs on an H200): GPT-2-medium's unpadded 50,257-row head over 8 k tokens ran its forward and two
-# gradients at 122-123 TFLOP/s in all six traces of results/scaling/h200x2-ddp-traces (20.6 ms a step), 0.18 of
+# gradients at 122-123 TFLOP/s in six traces on two H200 (20.6 ms a step), 0.18 of
 # the rate its calibration's curve gives the same shapes padded (3.7 ms). The share where a calibration has no
 # matmul_bf16_unaligned row (measure/calibrate.py measures it since then).
 ALIGN = 8
@@ -102,26 +103,26 @@ UNALIGNED_SHARE = 0.18
 # `tp_linear_us_ranks[n]`), at the same rank count on the same machine: a Qwen2 block's DTensor dispatch per split
 # linear (biases, the attention's reshapes of the split heads) ran 1.39 +- 0.27 pairs' (9 paired rounds: one H200 at
 # one rank 1.79; a 2 x H100 machine 1.15 at one rank, 1.24 at two), and its clip over the DTensors of two meshes,
-# beyond one mesh's, a layer and step, 1.05 +- 0.19 pairs at one rank and 1.51 +- 0.59 at two (bench/tp_block.py:
-# results/bench_harness/h200-tp-block, h100x2-tp-block; two other 2 x H200 machines, unpaired: 1.35 and 1.59).
+# beyond one mesh's, a layer and step, 1.05 +- 0.19 pairs at one rank and 1.51 +- 0.59 at two (experiments/
+# tensor_parallel; two other 2 x H200 machines, unpaired: 1.35 and 1.59).
 TP_BLOCK_SHARE = 1.39
 TP_CLIP_PAIRS = {1: 1.05, 2: 1.51}
 DDP_BUCKET = 25 * MIB  # bytes: DistributedDataParallel's default bucket_cap_mb (torch reads it in MiB)
 # DistributedDataParallel's reducer on the host, per parameter tensor and step (its autograd hook, the gradient scaled
 # into its bucket and copied back, the bucket's all-reduce call), in launches: over one rank it cost GPT-2-medium's
-# compiled-blocks step 4.4 ms for its 292 tensors at a 6.8 us launch (results/bench_harness/h200-ddp-wrapper-blocks,
-# 1.049 +- 0.023x in 3 rounds). The harness runs one rank unwrapped (strategies/_ddp_engine), several under DDP.
+# compiled-blocks step 4.4 ms for its 292 tensors at a 6.8 us launch (one H200, 1.049 +- 0.023x in 3 rounds:
+# experiments/step_overheads). The harness runs one rank unwrapped (strategies/_ddp_engine), several under DDP.
 DDP_OPS_PER_TENSOR = 2.2
 # FSDP2 with a bf16 param_dtype (bf16-pure's policy over fp32 shards) moves every parameter it gathers through casts
 # and copies each micro-batch: the shard cast to bf16, the gathered copy-out, the gradient's copy-in, its cast back and
 # accumulation. Bytes per gathered parameter and micro-batch: what the profiled MoE row's memory-bound kernels ran
-# beyond the per-token memory term (results/parallelism/h100-moe-profile: 114.2 ms traced against 59.4 modelled, 4
+# beyond the per-token memory term (one H100's trace: 114.2 ms traced against 59.4 modelled, 4
 # micro-batches of 2.90 B parameters at the H100's 2,767 GB/s: 13.1). FSDP2 without a policy (fp32 parameters)
 # copies without casting: no trace has measured it, so it has no such bytes here.
 FSDP_CAST_BYTES = 13
 # The machine the constants were fitted on, as the memory term needs it (the fit records it): its device copy's
 # bandwidth ("hbm", GB/s) and how fast it ran each block's memory-bound kernels ("<block>,<levers>", GB/s: its kind's
-# calibrations' memory_block rows, measure/block_kernels.py). Another machine moves the memory bytes at that copy
+# calibrations' memory_block rows, measure/calibrate.block_rows). Another machine moves the memory bytes at that copy
 # bandwidth times its own block's pace over this one's (a block's pace is steady where a 1 GiB copy is not).
 MEMORY_FITTED = _FIT_RECORD.get("memory_pace") or {}
 
@@ -131,7 +132,7 @@ class Rates:
     """What the machine does per second, from a calibration.json (measure/calibrate.py)."""
 
     matmul: tuple  # ((m, k, n, TFLOP/s), ...)
-    sdpa: tuple  # ((causal, seq, head_dim, TFLOP/s), ...): rows without a mask are causal (the first calibrations)
+    sdpa: tuple  # ((causal, seq, head_dim, TFLOP/s), ...): both masks
     hbm: float  # GB/s read + written
     launch_us: float
     busbw: dict = field(default_factory=dict)  # (collective, ranks) -> [(bytes, GB/s)]
@@ -167,7 +168,10 @@ class Rates:
         missing = [k for k in ("matmul_bf16", "sdpa_bf16") if not curves.get(k)]
         if missing or not any(k.startswith("hbm_copy[") for k in rows):
             raise ValueError(f"calibration has no {', '.join(missing or ['hbm_copy'])}: recalibrate "
-                             "(measure/calibrate.py measures them since the step-time model)")
+                             "(measure/calibrate.py measures them)")
+        masks = {p.get("causal") for p in curves["sdpa_bf16"]}
+        if masks != {True, False}:
+            raise ValueError("calibration's sdpa_bf16 curve has not both masks (`causal` true and false): recalibrate")
         busbw: dict = {}
         beside = tuple(sorted((int(k[len("host_beside["):-1]), v) for k, v in rows.items()
                               if k.startswith("host_beside[")))
@@ -181,8 +185,7 @@ class Rates:
                 busbw.setdefault((m[1], int(m[2])), []).append((float(m[3]) * MB, value))
         first = lambda prefix: next((v for k, v in sorted(rows.items()) if k.startswith(prefix)), None)  # noqa: E731
         return cls(matmul=tuple((p["m"], p["k"], p["n"], p["tflops"]) for p in curves["matmul_bf16"]),
-                   sdpa=tuple((p.get("causal", True), p["seq"], p["head_dim"], p["tflops"])
-                              for p in curves["sdpa_bf16"]),
+                   sdpa=tuple((p["causal"], p["seq"], p["head_dim"], p["tflops"]) for p in curves["sdpa_bf16"]),
                    hbm=first("hbm_copy["), launch_us=first("launch_us["),
                    busbw={k: tuple(sorted(v)) for k, v in busbw.items()},
                    h2d=first("h2d["), d2h=first("d2h["), cpu_adam_ms=rows.get("cpu_adam"),
@@ -210,9 +213,8 @@ def host_row(name: str) -> bool:
 
 
 def kind_row(name: str) -> bool:
-    """Whether a calibration row is taken as the median over the GPU kind's committed calibrations (kind_medians):
-    the host costs, and how fast the kind's block kernels run (memory_block), which the kind's own file, measured
-    before the row, lacks."""
+    """Whether a calibration row is taken from the GPU kind's rate file (the median over the kind's calibrated
+    machines): the host costs, and how fast the kind's block kernels run (memory_block)."""
     return host_row(name) or name.startswith("memory_block[")
 
 
@@ -221,8 +223,8 @@ def machine_row(name: str) -> bool:
     node's other ranks (host_beside: a machine's own, never a kind's median), its collectives. A set's own
     calibration overrides its kind's file with these. Its host costs do not: one machine's launch loop and hooks,
     measured once, did not order the kind's machines by their steps (the same run on other machines of its kind,
-    bench.step_time's twins: moved by the machines' own host costs 12.8 % from what they measured, 8.5 % apart as
-    they were), so they count once among the kind's (kind_medians)."""
+    experiments.step_time.fit's twins: moved by the machines' own host costs 12.8 % from what they measured, 8.5 %
+    apart as they were), so they count once among the kind's (its rate file's medians)."""
     return name.startswith("host_beside[") or "_busbw[" in name
 
 
@@ -409,7 +411,7 @@ def gemm_seconds(run: Run, rates: Rates, tokens: int) -> float:
 
 def attention_seconds(run: Run, rates: Rates, samples: int) -> float:
     """One micro-batch's SDPA, forward and backward: causal for a language model (half the score matrix), full for
-    a ViT's patches, at the calibrated rate of that mask (a calibration without full-mask rows: the causal one's)."""
+    a ViT's patches, at the calibrated rate of that mask."""
     s = run.shape
     causal = s.family != "vit"
     heads = s.d // s.head_dim // degree(run, "tp")
@@ -417,7 +419,7 @@ def attention_seconds(run: Run, rates: Rates, samples: int) -> float:
     flops = 3.5 * 4 * samples * heads * seq * seq * s.head_dim / (2 if causal else 1) / degree(run, "cp")
     if run.checkpointing and not run.selective:
         flops *= 4.5 / 3.5
-    curve = tuple(p[1:] for p in rates.sdpa if p[0] == causal) or tuple(p[1:] for p in rates.sdpa if p[0])
+    curve = tuple(p[1:] for p in rates.sdpa if p[0] == causal)
     return s.n_layer / degree(run, "pp") * flops / (interpolate(curve, (seq, s.head_dim)) * 1e12)
 
 
@@ -491,7 +493,7 @@ def sharding(run: Run) -> str | None:
 def hook_ops(run: Run, layers: float, rates: Rates) -> float:
     """Host launch-equivalents of a micro-batch's parameter hooks: FSDP2's per unit (each layer, or once where one
     unit holds the model), DeepSpeed ZeRO-3's per parameter tensor of the stage (its gather, release and
-    gradient-reduce walk every tensor in Python: the host profile in results/vit/h100-zero3-grad-check); eager
+    gradient-reduce walk every tensor in Python, as a host profile of ViT-Huge showed); eager
     ZeRO-3's at the calibrated `zero3_tensor_us` where the calibration has it (a one-rank engine's forward, backward
     and step of a bare stack of linears: the step's share counted with every micro-batch), and `zero3_module_us` for
     each module beyond that stack's share of modules a tensor (ZeRO-3 hooks every module; the calibrations before
@@ -541,7 +543,7 @@ def replayed_forward(run: Run) -> float:
 def tp_pair_us(run: Run, rates: Rates) -> float | None:
     """The calibrated DTensor dispatch of a lone split pair, µs a linear, forward + backward: on a mesh of the run's
     tp ranks where the calibration measured one (`tp_linear_us_ranks[n]`, the nearest n: the all-reduces the ranks wait
-    on together cost two H200 ranks 1.35x one rank's dispatch, results/bench_harness/h200x2-tp-host), else on one rank
+    on together cost two H200 ranks 1.35x one rank's dispatch), else on one rank
     (`tp_linear_us`); None where the calibration has neither."""
     if rates.tp_linear_ranks:
         return at_ranks(rates.tp_linear_ranks, degree(run, "tp"))
@@ -648,8 +650,8 @@ class Collectives:
 def beside_compute(t: float, exposed: float, compute_share: float) -> float:
     """What `t` seconds of collectives cost a step of which `exposed` run after the compute: the rest runs beside
     the backward and takes `compute_share` of its own time from it (the compute-bound share of the device's work:
-    NCCL's kernels hold SMs). Measured on GPT-2-medium's step at two H200 under DDP (bench.ddp_two_ranks,
-    results/bench_harness/h200x2-ddp-settings, -one-bucket and -eager): 25 MB buckets overlapped with the backward
+    NCCL's kernels hold SMs). Measured on GPT-2-medium's step at two H200 under DDP (experiments/step_overheads):
+    25 MB buckets overlapped with the backward
     cost the step as much as one bucket all-reduced after it (ddp_one_bucket / ddp 1.009 and 0.988 ± 0.033
     compiled, 1.012 eager), 4-7 ms over one rank's wrapper, where hiding them would cost nothing."""
     return exposed + (t - exposed) * compute_share

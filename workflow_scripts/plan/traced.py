@@ -110,8 +110,8 @@ def layer_kernels(model: str, overrides: dict | None = None) -> int:
     dispatcher (views, allocations and FakeTensorMode's own `prim` ops left out), counted on fake tensors in bf16
     without autocast (a cast per op is the precision's, not the layer's). Independent of batch and sequence: a
     Qwen2 decoder layer issues 2.4x a GPT-2 block's kernels (its rotary, RMS norms, gated MLP), a Qwen2-MoE layer
-    3.7x (router, sort, gather, two grouped GEMMs, scatter and the shared expert): the committed H100 trace of the
-    MoE layer (results/parallelism/h100-moe-profile) launched 4.1x a GPT-2-medium block's."""
+    3.7x (router, sort, gather, two grouped GEMMs, scatter and the shared expert): an H100 trace of the MoE layer
+    launched 4.1x a GPT-2-medium block's."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):

@@ -1,7 +1,7 @@
 """Stage 5, parse: every run's files -> tidy tables (one row per run; one per step; the sampler timelines).
 
-    python -m workflow_scripts.report.parse --runs DIR [DIR ...] --out-dir results/<study>/tables \
-        [--calibration results/<study>/calibration/calibration.json]
+    python -m workflow_scripts.report.parse --runs DIR [DIR ...] --out-dir <set>/tables \
+        [--calibration <set>/calibration/calibration.json]
 
 Writes runs/steps/vram as CSV and Parquet. Runs that ended `oom` or `unsupported` keep their row. Every ok GPU row
 carries the memory model's predicted peak and, from the study's calibration, the step-time model's predicted step
@@ -69,7 +69,8 @@ def predicted_peak(summary: dict, spec: dict, settings: dict | None) -> dict:
 
 def step_rates(calibration: str | None, machine_own: bool = False):
     """The step-time model's rates from the study's calibration, or why there are none: its host costs its GPU
-    kind's medians, as bench.step_time tests them (plan.step_time.load_rates: what predicts a row best), or with
+    kind's rate file's medians, as experiments.step_time.fit tests them (plan.step_time.load_rates: what predicts a
+    row best), or with
     `machine_own` the machine's own as measured (verify: what may tell two machines apart)."""
     if not calibration:
         return "no calibration"
