@@ -1,6 +1,6 @@
-"""What the benchmarks of one process per variant share (step_overheads/,
-tensor_parallel/, fsdp_layers/): the variants' order within a round, a child process's answer, a table of steps and their paired
-ratios, and the rounds written beside their summary."""
+"""What the benchmarks of one process per variant share (step_overheads/, tensor_parallel/, fsdp_layers/): the
+variants' order within a round, a child process's answer, a table of steps and their paired ratios, and the rounds
+written beside their summary."""
 from __future__ import annotations
 
 import json

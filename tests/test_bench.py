@@ -7,7 +7,6 @@ import json
 
 import pandas as pd
 import pytest
-
 from conftest import overlay, snakemake
 
 # A DeepSpeed stage against the Trainer (the exact-JSON check; DDP runs as the lever ladder's strategy); fsdp is left

@@ -43,10 +43,10 @@ WRAPS = ("fsdp", "none")
 
 
 def model_of(family: str, wrap: str, layers: int, device, compiled: bool):
-    """The family's model with `layers` layers on this rank: Qwen2 at Qwen2.5-3B's widths (tensor_parallel/tp_step) or GPT-2 at
-    GPT-2-medium's (hidden 1,024, 16 heads), a 1,024-token vocabulary; each block compiled first where `compiled`;
-    sharded by FSDP2 per block and at the root over every rank (`fsdp`, bf16 parameters, fp32 reductions) or left
-    unwrapped (`none`: one rank, as the harness runs a one-rank DDP run)."""
+    """The family's model with `layers` layers on this rank: Qwen2 at Qwen2.5-3B's widths (tensor_parallel/tp_step) or
+    GPT-2 at GPT-2-medium's (hidden 1,024, 16 heads), a 1,024-token vocabulary; each block compiled first where
+    `compiled`; sharded by FSDP2 per block and at the root over every rank (`fsdp`, bf16 parameters, fp32 reductions) or
+    left unwrapped (`none`: one rank, as the harness runs a one-rank DDP run)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 

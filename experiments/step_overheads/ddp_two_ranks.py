@@ -3,24 +3,24 @@ unwrapped, on two GPUs under DDP, and on two GPUs under DDP whose buckets are no
 
     python -m experiments.step_overheads.ddp_two_ranks --rounds 3 --out DIR
 
-The scaling study's GPT-2-medium DDP step ran 13-29 ms slower on two H200 than on one, which the step-time model does not price: DDP over one rank costs the same step 4.4 ms
-(ddp_wrapper --blocks), so the rest needs the second rank. Variants, each its own torchrun of one or two
-processes, interleaved within a round (the order alternates): `one_gpu` (one process, the model unwrapped, as the
-harness runs one rank), `ddp` (two ranks, DDP's default 25 MB buckets and NCCL all-reduces) and `ddp_no_comm` (two
-ranks, DDP with a communication hook that hands each bucket back as it is: the reducer's hooks, copies and the
-compiled blocks' bucket splits without any collective; the ranks then train apart, so this variant times, it does not
-train); with --variants, `ddp_pinned` (`ddp` with each rank's process and its threads bound to its own share of
-the host's CPUs, rank r to the r-th of equal consecutive slices of the CPUs it may use, before torch loads: do two
-ranks slow each other where their threads share cores?), `ddp_visible` (`ddp` with each rank seeing its own GPU
-only, CUDA_VISIBLE_DEVICES set before CUDA starts: does a rank's context on the other rank's GPU cost it?), and
-DDP's own settings against its 25 MB buckets: `ddp_one_bucket` (one bucket of the whole model, ddp_wrapper's
-ONE_BUCKET_MB: one all-reduce after the backward, no overlap, no split of the compiled blocks), `ddp_no_split`
-(dynamo's DDPOptimizer off, torch._dynamo.config.optimize_ddp: 25 MB buckets, each block one graph) and
-`ddp_bucket_view` (gradient_as_bucket_view: the gradients are the buckets, no copy in or out); `--eager` runs
-the step without compiling its blocks (device-bound where the compiled one is host-bound). The
-step is profiler_aftereffect's (bf16 autocast, fused AdamW, clipping, each block compiled first,
-micro-batch 8 a rank, no profiler), rank 0's mean of its 40 steps after the first 20. Writes ddp_two_ranks.csv and
-ddp_two_ranks.md: each variant's step, mean and 95% CI, and the ratios paired within a round.
+The scaling study's GPT-2-medium DDP step ran 13-29 ms slower on two H200 than on one, which the step-time model does
+not price: DDP over one rank costs the same step 4.4 ms (ddp_wrapper --blocks), so the rest needs the second rank.
+Variants, each its own torchrun of one or two processes, interleaved within a round (the order alternates): `one_gpu`
+(one process, the model unwrapped, as the harness runs one rank), `ddp` (two ranks, DDP's default 25 MB buckets and NCCL
+all-reduces) and `ddp_no_comm` (two ranks, DDP with a communication hook that hands each bucket back as it is: the
+reducer's hooks, copies and the compiled blocks' bucket splits without any collective; the ranks then train apart, so
+this variant times, it does not train); with --variants, `ddp_pinned` (`ddp` with each rank's process and its threads
+bound to its own share of the host's CPUs, rank r to the r-th of equal consecutive slices of the CPUs it may use, before
+torch loads: do two ranks slow each other where their threads share cores?), `ddp_visible` (`ddp` with each rank seeing
+its own GPU only, CUDA_VISIBLE_DEVICES set before CUDA starts: does a rank's context on the other rank's GPU cost it?),
+and DDP's own settings against its 25 MB buckets: `ddp_one_bucket` (one bucket of the whole model, ddp_wrapper's
+ONE_BUCKET_MB: one all-reduce after the backward, no overlap, no split of the compiled blocks), `ddp_no_split` (dynamo's
+DDPOptimizer off, torch._dynamo.config.optimize_ddp: 25 MB buckets, each block one graph) and `ddp_bucket_view`
+(gradient_as_bucket_view: the gradients are the buckets, no copy in or out); `--eager` runs the step without compiling
+its blocks (device-bound where the compiled one is host-bound). The step is profiler_aftereffect's (bf16 autocast, fused
+AdamW, clipping, each block compiled first, micro-batch 8 a rank, no profiler), rank 0's mean of its 40 steps after the
+first 20. Writes ddp_two_ranks.csv and ddp_two_ranks.md: each variant's step, mean and 95% CI, and the ratios paired
+within a round.
 """
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ ratio ddp / plain paired within a round.
 `--blocks` compiles each of the model's blocks first (the harness's compiled-blocks lever, a host-bound step) and adds
 a third variant, `ddp_one_bucket`: DDP with one bucket of the whole model (`bucket_cap_mb` 10,000). torch.compile
 under DDP splits a compiled region at the bucket boundaries (dynamo's DDPOptimizer), so ddp against ddp_one_bucket
-is the cost of those splits, and ddp_one_bucket against plain the cost of DDP's per-parameter hooks and bucket copies (where DDP's
-two-GPU compiled step loses its time).
+is the cost of those splits, and ddp_one_bucket against plain the cost of DDP's per-parameter hooks and bucket
+copies (where DDP's two-GPU compiled step loses its time).
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ linears at 1.1 ms a linear on two ranks, a third of that gap.
 One torchrun of two processes on one node (gloo on CPU; `--ranks 1`: one process, where both layouts are a one-rank
 mesh and tp2 - dp2 is the split block's DTensor dispatch alone, to set beside tp_host's lone pair at one rank). The
 model: transformers' Qwen2 at Qwen2.5-3B's widths (hidden 2,048, MLP 11,008, 16 heads, 2 KV heads) with `--layers`
-layers and a 1,024-token vocabulary, bf16-mixed FSDP2 as the fsdp strategy builds it (`fully_shard` per block and the root over the dp dimension), as
+layers and a 1,024-token vocabulary, bf16-mixed FSDP2 as the fsdp strategy builds it (`fully_shard` per block and
+the root over the dp dimension), as
   dp2     the data-parallel layout: FSDP2 over both ranks;
   tp2     dp1-tp2: each block split by training/parallel/tensor.py's plan over the tp dimension, FSDP2 over dp (one
           rank).

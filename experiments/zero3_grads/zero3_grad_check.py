@@ -199,7 +199,8 @@ def main() -> None:
     ap.add_argument("--image", type=int, default=224)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--layers", type=int, help="the model's depth instead of its registry depth")
-    ap.add_argument("--zero", default="{}", help="more zero_optimization keys, JSON (ZeRO++: zero_quantized_weights...)")
+    ap.add_argument("--zero", default="{}",
+                    help="more zero_optimization keys, JSON (ZeRO++: zero_quantized_weights...)")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the host over this many last steps")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -214,9 +215,9 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     results = {v: run_variant(v, args, device) for v in args.variants.split(",")}
     first = next(iter(results))
-    report = {"model": args.model, "precision": args.precision, "zero": json.loads(args.zero), "device": torch.cuda.get_device_name(0)
-              if device.type == "cuda" else "cpu", "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-              "reference": first, "variants": {}}
+    report = {"model": args.model, "precision": args.precision, "zero": json.loads(args.zero),
+              "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
+              "deepspeed": deepspeed.__version__, "reference": first, "variants": {}}
     for v, r in results.items():
         report["variants"][v] = {"losses": r["losses"], "counts": r["counts"],
                                  "param_grad_left_after_backward": r["param_grad_left_after_backward"],
