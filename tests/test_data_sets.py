@@ -96,3 +96,23 @@ def test_benchmark_reports_generated_tables_match_their_sets():
 
     files = [a for p in benchmarks_md.report_files(REPO) for a in ("--file", str(p))]
     assert benchmarks_md.main(["--check", "--results", str(REPO), *files]) == 0
+
+
+def test_layouts_figure_on_the_committed_two_gpu_layouts():
+    """The 2 x H200 parallelism tables drawn by the layouts figure: the 1D layout first, one MFU bar per layout as in
+    the table, one memory bar per rank, the first pipeline stage (it holds the embedding) above the second."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from workflow_scripts.report import figures
+
+    tables = RESULTS / "parallelism/h200x2/tables"
+    data = figures.load(tables / "runs.csv", tables / "steps.csv", tables / "vram.csv", figures.parse_style({}))
+    speed, memory = figures.layouts_figure(data).axes
+    order = ["ws2", "dp1-pp2", "dp1-tp2"]
+    assert [t.get_text() for t in speed.get_xticklabels()] == order
+    runs = data.runs.set_index("layout")
+    assert [p.get_height() for p in speed.patches] == pytest.approx(list(100 * runs.loc[order, "mfu"]))
+    heights = [p.get_height() * 2**30 for p in memory.patches]
+    want = [v for key in order for v in figures.rank_values(runs.loc[key, "peak_allocated_bytes_per_rank"])]
+    assert heights == pytest.approx(want) and heights[2] > heights[3]

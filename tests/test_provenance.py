@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from test_vram import ROOT, load_fake
+
 from workflow_scripts.measure import machine, provenance
 
 
@@ -225,7 +225,6 @@ def test_verify_target_reruns_when_the_committed_set_changes_and_fails(default_s
     equal the study's); after the committed runs.csv is edited it compares again and exits non-zero, the
     table kept and printed."""
     import pandas as pd
-
     from conftest import snakemake
 
     committed = committed_copy(default_study / "results/default", tmp_path / "committed")
@@ -297,7 +296,6 @@ def test_published_claims_name_runs_of_the_study():
     import copy
 
     import yaml as _yaml
-
     from conftest import REPO
 
     from workflow_scripts.config_check import published_problems

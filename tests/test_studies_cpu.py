@@ -9,9 +9,7 @@ import re
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import REPO, snakemake
-
 
 # Every strategy already runs in the default study: the study cases keep what is their own (groups, layouts,
 # chat data, claims, images) and only the strategies that exercise it.
@@ -46,7 +44,11 @@ def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
         assert_traced(wd, results, runs)
     if study == "vit":
         assert_vision(runs)
-    assert (wd / results / "figures/scaling.png").exists()
+    from workflow_scripts.report import figure_registry
+
+    effective = yaml.safe_load((wd / results / "config.effective.yaml").read_text())
+    made = {p.name for p in (wd / results / "figures").iterdir()}
+    assert made == {f.rsplit("/", 1)[1] for f in figure_registry.study_files(effective, results)}  # only with data
 
 
 @pytest.mark.parametrize("study, extra, expected", [
