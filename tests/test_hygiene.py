@@ -29,7 +29,8 @@ def imports(path: Path, name: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             out |= {base} | {f"{base}.{a.name}" for a in node.names}
     return {m for m in out if m.startswith("workflow_scripts") or m.startswith("experiments")}
 
