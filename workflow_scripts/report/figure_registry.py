@@ -112,8 +112,6 @@ ENTRIES = (
     Entry("claims", "claims", "workflow_scripts.report.claims:claims_figure", lambda s: s.published),
     Entry("traces", "trace_report", "workflow_scripts.report.traces:traces_figure", lambda s: s.profile),
     Entry("scale", "scale", "workflow_scripts.report.scale_figure:scale_figure"),
-    Entry("memory_prediction", "experiment (python -m experiments.memory.peaks)",
-          "experiments.memory.peaks:memory_prediction_figure"),
 )
 
 
