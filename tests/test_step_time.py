@@ -75,7 +75,8 @@ def test_attention_term_is_sdpa_forward_and_backward_at_its_masks_rate():
     # 4 heads of 16, sequence 32: 4 s^2 h e / 2 forward (causal), 3.5x that forward + backward
     flops = 3.5 * 4 * 1 * 4 * 32 * 32 * 16 / 2
     assert st.attention_seconds(gpt2_run(), flat_rates(), 1) == pytest.approx(flops / 50e12)
-    vit = gpt2_run(shape=mm.Shape("vit", n_params=100_000, n_layer=1, d=64, ffn=256, kv=64, head_dim=16, vocab=10))
+    vit = gpt2_run(shape=mm.Shape("vit", n_params=100_000, n_layer=1, d=64, ffn=256, kv=64, head_dim=16, vocab=10,
+                                  vision=True))
     assert st.attention_seconds(vit, flat_rates(), 1) == pytest.approx(2 * flops / 50e12)  # full: the whole matrix
     both = flat_rates()
     both = st.Rates(**{**both.__dict__, "sdpa": tuple(p for p in both.sdpa if p[0])
@@ -95,7 +96,7 @@ def test_memory_and_optimizer_terms_are_bytes_at_the_copy_bandwidth(constants):
     assert st.optimizer_seconds(gpt2_run(grad_clip=True), flat_rates())[0] == pytest.approx(100_000 * 40 / 1000e9)
     # a MoE layer's MLP width: its shared expert and the top-k routed experts a token passes through
     moe = mm.Shape("qwen2_moe", n_params=100_000, n_layer=1, d=64, ffn=128, kv=64, head_dim=16, vocab=1000,
-                   experts=8, top_k=2, expert_ffn=32, shared_ffn=128)
+                   experts=8, top_k=2, expert_ffn=32, shared_ffn=128, moe=True)
     # 32 x (200 x (64 + 128 + 2 x 32) + 60 x 1000) = 3,558,400 bytes
     assert st.memory_seconds(gpt2_run(shape=moe), flat_rates(), 32) == pytest.approx(3.5584e-6)
     # FSDP2 under a bf16 param_dtype casts and copies every parameter it gathers, each micro-batch: with ep 2 a MoE's
@@ -371,7 +372,7 @@ def test_sequence_and_expert_layouts_pay_their_all_to_alls():
     ring = 100_000 * 4 * 2 * (2 - 1) / 2 / 100e9
     assert st.comm_seconds(run, flat_rates(), 0.0)[0] == pytest.approx(ring + 2 * qkvo / 2 / 100e9)
     moe = mm.Shape("qwen2_moe", n_params=100_000, n_layer=1, d=64, ffn=256, kv=32, head_dim=16, vocab=1000,
-                   experts=4, top_k=2, expert_ffn=64)
+                   experts=4, top_k=2, expert_ffn=64, moe=True)
     ep = gpt2_run(shape=moe, family="fsdp", zero_stage=3, strategy="fsdp", layout={"dp": 2, "ep": 2})
     dense = gpt2_run(shape=moe, family="fsdp", zero_stage=3, strategy="fsdp", layout={"dp": 2})
     routed = 32 * 2 * 64 * 2  # tokens x top-k x d x 2 bytes, dispatched and combined forward and backward

@@ -46,6 +46,8 @@ class Shape:
     top_k: int = 0
     expert_ffn: int = 0
     shared_ffn: int = 0
+    vision: bool = False  # an image classifier's blocks (ModelSpec.vision): full attention, a head per image
+    moe: bool = False  # routed experts in its blocks (ModelSpec.moe)
 
     @property
     def active_ffn(self) -> int:
@@ -93,14 +95,14 @@ def activation_bytes_per_token_layer(s: Shape, precision: str) -> float:
       those two yet.
     """
     d, f, kv, e = s.d, s.ffn, s.kv, s.head_dim
-    if s.family == "qwen2_moe":
+    if s.moe:
         moe = s.top_k * (4 * d + 8 * s.expert_ffn + 24) + 4 * s.experts + 8 * s.shared_ffn + 2 * d
         return {"bf16-pure": 20 * d + 4 * kv + 4 * e + moe,
                 "fp32": 32 * d + 8 * kv + 8 * e + 2 * moe,
                 "bf16-mixed": 26 * d + 4 * kv + 8 * e + moe + 2 * d}[precision]
     if s.family == "gpt2":
         return {"bf16-mixed": 20 * d + 16 * f, "fp32": 32 * d + 20 * f, "bf16-pure": 16 * d + 10 * f}[precision]
-    if s.family == "vit":  # ViT layer: LayerNorm, separate q/k/v, SDPA, GELU (one op: saves its input)
+    if s.vision:  # ViT layer: LayerNorm, separate q/k/v, SDPA, GELU (one op: saves its input)
         # fp32: LN inputs 2 x 4d, LN outputs 2 x 4d (q/k/v share theirs), q, k, v 12d, SDPA output 4d, fc1 output
         # and GELU output 8f; bf16-mixed: LN inputs 8d, a bf16 cast per projection input (q, k, v, fc1: 8d),
         # q, k, v, output 8d, fc1 and GELU outputs 4f; bf16-pure: the fp32 case in 2 bytes
@@ -263,7 +265,7 @@ def eager_peak(*, shape: Shape, family: str, zero_stage: int, precision: str, dp
         return Prediction(False, f"the {shape.family} family is not modelled yet")
     degrees = Layout(**{k: int(v) for k, v in layout.items()})
     pp, tp, cp, ep = degrees.pp, degrees.tp, degrees.cp, degrees.ep
-    if checkpointing == "selective" and (shape.family == "qwen2_moe" or tp > 1):
+    if checkpointing == "selective" and (shape.moe or tp > 1):
         return Prediction(False, "selective checkpointing is modelled for dense blocks without tp only")
     embed = shape.vocab * shape.d if shape.loss_tokens == 1 else 0.0  # a ViT's head is small: in the blocks
     blocks = shape.n_params - embed * (1 if shape.tied else 2)

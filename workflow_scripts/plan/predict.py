@@ -25,13 +25,14 @@ def shape(model: str, overrides: dict | None, n_params: int, vocab: int, loss_to
     return mm.Shape(spec.family, int(n_params), s.get("n_layer", s.get("num_hidden_layers")), d, ffn,
                     kv_heads * d // heads, d // heads, int(vocab), bool(s.get("tie_word_embeddings", True)),
                     loss_tokens, int(s.get("num_experts", 0) or 0), int(s.get("num_experts_per_tok", 0) or 0),
-                    int(s.get("moe_intermediate_size", 0) or 0), int(s.get("shared_expert_intermediate_size", 0) or 0))
+                    int(s.get("moe_intermediate_size", 0) or 0), int(s.get("shared_expert_intermediate_size", 0) or 0),
+                    vision=spec.vision, moe=spec.moe)
 
 
 def tokens_per_sample(model: str, overrides: dict | None, seq_len: int) -> int:
     """Tokens one sample puts through every layer: the block for a language model; a ViT's patches + 1 for an
     image row (seq_len = 1 + 3 x size x size, data/images.py)."""
-    if MODELS[model].family != "vit":
+    if not MODELS[model].vision:
         return seq_len
     return model_spec(model, overrides).patches(image_size(seq_len)) + 1
 
@@ -39,7 +40,7 @@ def tokens_per_sample(model: str, overrides: dict | None, seq_len: int) -> int:
 def sample_bytes(model: str, seq_len: int) -> float:
     """One sample as the model receives it: int64 token ids; an image row's int64 copy plus, per pixel value, the
     pixels scaled to [0, 1], normalised and cast for the patch convolution (4 + 4 + 2 bytes: training/vision.py)."""
-    return 8.0 * seq_len + (10.0 * (seq_len - 1) if MODELS[model].family == "vit" else 0.0)
+    return 8.0 * seq_len + (10.0 * (seq_len - 1) if MODELS[model].vision else 0.0)
 
 
 def host_copy_bytes(model: str, seq_len: int, vocab: int) -> float:
@@ -56,7 +57,7 @@ def host_copy_bytes(model: str, seq_len: int, vocab: int) -> float:
     from workflow_scripts.data.tokenize import token_dtype
     from workflow_scripts.training.batches import BATCH_DTYPE
 
-    stored = np.dtype(ROW_DTYPE if MODELS[model].family == "vit" else token_dtype(vocab)).itemsize
+    stored = np.dtype(ROW_DTYPE if MODELS[model].vision else token_dtype(vocab)).itemsize
     wide = np.dtype(BATCH_DTYPE).itemsize
     return seq_len * (stored + (stored + wide) / 2 + wide)
 
@@ -157,7 +158,7 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
     tokens = tokens_per_sample(model, overrides, seq_len)
     strat = STRATEGIES[strategy]
     precision = strat.engine_precision(precision, options or {})  # e.g. ZeRO++ runs DeepSpeed's bf16 mode
-    s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
+    s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].vision else 1)
     dp = Layout.from_dict(layout, world_size).shard_ranks
     off_opt, off_par, kept, _ = engine_choices(strategy, options, layout, world_size)
     per_layer = None

@@ -360,7 +360,7 @@ def gemms(s: mm.Shape, tokens: int, tp: int) -> list[tuple[int, int, int, int]]:
     """(m, k, n, count) of one layer's forward matmuls on one rank for `tokens` tokens, and the head's (count
     negative: once, not per layer). Tensor parallelism splits q/k/v, gate/up by columns and o/down by rows."""
     d, f, kv = s.d, s.ffn, s.kv
-    if s.family == "gpt2" or s.family == "vit":
+    if s.family == "gpt2" or s.vision:
         layer = [(tokens, d, 3 * d // tp, 1), (tokens, d // tp, d, 1), (tokens, d, f // tp, 1), (tokens, f // tp, d, 1)]
     else:
         layer = [(tokens, d, (d + 2 * kv) // tp, 1), (tokens, d // tp, d, 1)]
@@ -372,7 +372,7 @@ def gemms(s: mm.Shape, tokens: int, tp: int) -> list[tuple[int, int, int, int]]:
                 layer += [(tokens, d, 2 * s.shared_ffn, 1), (tokens, s.shared_ffn, d, 1)]
         else:
             layer += [(tokens, d, 2 * f // tp, 1), (tokens, f // tp, d, 1)]
-    head_tokens = tokens // s.loss_tokens if s.family == "vit" else tokens
+    head_tokens = tokens // s.loss_tokens if s.vision else tokens
     return layer + [(head_tokens, d, s.vocab, -1)]
 
 
@@ -413,7 +413,7 @@ def attention_seconds(run: Run, rates: Rates, samples: int) -> float:
     """One micro-batch's SDPA, forward and backward: causal for a language model (half the score matrix), full for
     a ViT's patches, at the calibrated rate of that mask."""
     s = run.shape
-    causal = s.family != "vit"
+    causal = not s.vision
     heads = s.d // s.head_dim // degree(run, "tp")
     seq = run.tokens
     flops = 3.5 * 4 * samples * heads * seq * seq * s.head_dim / (2 if causal else 1) / degree(run, "cp")
@@ -427,7 +427,7 @@ def memory_block(run: Run) -> str:
     """The calibrated block (measure/block_kernels.BLOCKS) whose kernels stand for the run's memory-bound work, and
     how they run: LayerNorm + GELU (GPT-2, ViT) or RMSNorm, rotary and SiLU-gated (Qwen2, Llama, MoE); eager or
     compiled."""
-    block = "layernorm_gelu" if run.shape.family in ("gpt2", "vit") else "rmsnorm_rotary_silu"
+    block = "layernorm_gelu" if run.shape.family == "gpt2" or run.shape.vision else "rmsnorm_rotary_silu"
     return f"{block},{'eager' if run.levers == 'eager' else 'compiled'}"
 
 
@@ -447,7 +447,7 @@ def memory_seconds(run: Run, rates: Rates, tokens: int) -> float:
     if run.checkpointing:
         per_token *= 1.5
     loss = LOSS_BYTES["compiled" if run.compile_loss else "eager"] * s.vocab / degree(run, "pp")
-    if s.family == "vit":
+    if s.vision:
         loss /= s.loss_tokens
     return (tokens * (per_token + loss) + fsdp_cast_bytes(run)) / (memory_rate(run, rates) * GB)
 
@@ -775,7 +775,7 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
     if n_params is None or trainable is None:
         counted = count_params(*built)
         n_params, trainable = n_params or counted[0], trainable if trainable is not None else counted[1]
-    s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].family == "vit" else 1)
+    s = shape(model, overrides, n_params, vocab, tokens if MODELS[model].vision else 1)
     engine = STRATEGIES[strategy]
     levers, loss = lever_set(train, (applied or {}).get("harness"))
     options = options or {}

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
-from workflow_scripts.training.models import MODELS, build_config
+from workflow_scripts.training.models import FAMILIES, MODELS, build_config
 
 
 def _layer(config, family: str):
@@ -26,7 +26,7 @@ def _layer(config, family: str):
         from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
         return GPT2Block(config, layer_idx=0), None
-    if family == "vit":
+    if FAMILIES[family].vision:
         from transformers.models.vit.modeling_vit import ViTLayer
 
         return ViTLayer(config), None
@@ -34,7 +34,7 @@ def _layer(config, family: str):
         from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 
         return Qwen2DecoderLayer(config, layer_idx=0), Qwen2RotaryEmbedding(config)
-    if family == "qwen2_moe":
+    if FAMILIES[family].moe:
         from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeDecoderLayer, Qwen2MoeRotaryEmbedding
 
         config._experts_implementation = "grouped_mm"  # what from_config picks (transformers' default)
@@ -44,7 +44,7 @@ def _layer(config, family: str):
 
 def cannot_trace(model: str, precision: str) -> str | None:
     """Why one layer of this model cannot be traced at this precision; None if it can."""
-    if MODELS[model].family == "qwen2_moe" and precision == "fp32":
+    if MODELS[model].moe and precision == "fp32":
         return "transformers' grouped_mm experts take bf16 only"
     return None
 
@@ -57,7 +57,7 @@ def fake_layer(model: str, dtype, micro_batch: int, seq_len: int, overrides: dic
 
     family = MODELS[model].family
     # a ViT layer does not depend on the image size: any valid image row builds its config; seq_len = tokens
-    row = 1 + 3 * 16 * 16 if family == "vit" else seq_len
+    row = 1 + 3 * 16 * 16 if FAMILIES[family].vision else seq_len
     config = build_config(model, vocab_size=256, block_size=row, overrides=overrides)
     config._attn_implementation = "sdpa"
     default = torch.get_default_dtype()
@@ -123,7 +123,7 @@ def layer_kernels(model: str, overrides: dict | None = None) -> int:
                 self.n += 1
             return func(*args, **(kwargs or {}))
 
-    tokens = 257 if MODELS[model].family == "vit" else 64  # a ViT's 256 patches + its class token
+    tokens = 257 if MODELS[model].vision else 64  # a ViT's 256 patches + its class token
     with fake_layer(model, torch.bfloat16, 1, tokens, overrides, "cpu") as (layer, x, kwargs), Count() as count:
         out = layer(x, **kwargs)
         out = out[0] if isinstance(out, tuple) else out

@@ -324,7 +324,7 @@ def is_image_model(name: str) -> bool:
     """An image classifier (its throughput is images/s: its "tokens" are stored pixel values)."""
     from workflow_scripts.training.models import MODELS
 
-    return name in MODELS and MODELS[name].family == "vit"
+    return name in MODELS and MODELS[name].vision
 
 
 def throughput_cell(row, pm: str) -> str:
