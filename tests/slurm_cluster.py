@@ -35,7 +35,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, copy_workflow, snakemake_command
 
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")  # the compiled-in default path of Debian's slurm-wlm
@@ -222,7 +221,7 @@ class SlurmCluster:
         SYSTEM_CONF.symlink_to(self.conf)
         self.linked = True
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         self.write_config()
         self.link_system_conf()
         self.start_munge()

@@ -109,8 +109,8 @@ def test_chat_corpus_trains_on_the_answers_only(tmp_path):
     assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant"]
     tokenizer.build_tokenizer({"kind": "bpe", "vocab_size": 400, "min_frequency": 1}, str(tmp_path / "c.jsonl"),
                               str(tmp_path / "tok"))
-    m = tokenize_data.tokenize(str(tmp_path / "c.jsonl"), str(tmp_path / "tok"), 32, 0.1, 1, str(tmp_path / "train.npy"),
-                               str(tmp_path / "val.npy"), str(tmp_path / "tokens.json"))
+    m = tokenize_data.tokenize(str(tmp_path / "c.jsonl"), str(tmp_path / "tok"), 32, 0.1, 1,
+                               str(tmp_path / "train.npy"), str(tmp_path / "val.npy"), str(tmp_path / "tokens.json"))
     assert m["loss_on"] == "response" and m["chat_template"].startswith("ChatML")
     stream = np.load(tmp_path / "train.npy").ravel()
     from transformers import AutoTokenizer
@@ -120,8 +120,10 @@ def test_chat_corpus_trains_on_the_answers_only(tmp_path):
     trained = [tok.decode(r) for r in runs if r[0] >= 0]
     context = [tok.decode(-r - 1) for r in runs if r[0] < 0]
     assert all("What is" not in t for t in trained) and sum("The answer is" in t for t in trained) > 300
-    assert sum("What is" in c and "Solve it." in c for c in context) > 300 and not any("The answer" in c for c in context)
-    assert m["trained_token_fraction"] == pytest.approx((stream >= 0).mean()) and 0.05 < m["trained_token_fraction"] < 0.5
+    assert sum("What is" in c and "Solve it." in c for c in context) > 300
+    assert not any("The answer" in c for c in context)
+    assert m["trained_token_fraction"] == pytest.approx((stream >= 0).mean())
+    assert 0.05 < m["trained_token_fraction"] < 0.5
 
     data = {"train": str(tmp_path / "train.npy"), "val": str(tmp_path / "val.npy"),
             "manifest": str(tmp_path / "tokens.json")}
@@ -139,6 +141,7 @@ def test_damaged_token_files_stop_the_launcher_before_any_rank(token_data, tmp_p
     import shutil
 
     from conftest import launch_spec
+
     from workflow_scripts.job import launch
 
     data = {k: str(tmp_path / f"{k}{'.json' if k == 'manifest' else '.npy'}") for k in ("train", "val", "manifest")}

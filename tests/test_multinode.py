@@ -9,7 +9,6 @@ import sys
 
 import pandas as pd
 import pytest
-
 from conftest import REPO, launch_spec
 
 

@@ -6,7 +6,6 @@ import json
 
 import pandas as pd
 import pytest
-
 from conftest import overlay, snakemake
 
 SECRETS = {"HF_TOKEN": "hf_" + "s3cretvalue" * 4, "WANDB_API_KEY": "wandbkey" * 5}
@@ -49,8 +48,9 @@ def test_a_verification_rerun_replays_the_measured_levers_without_a_trial(defaul
     assert jobs.get("train") == 4 and "lever_trial" not in jobs, jobs
     for strategy in REPEATS["strategies"]:
         chosen = json.loads((repeated / f"levers/gpt2-tiny/{strategy}/ws2.json").read_text())["chosen_train"]
-        spec = next(json.loads(line.split("--spec-json ", 1)[1].split(" > ")[0].strip("'"))
-                    for line in done.stdout.splitlines() if f"__{strategy}__ws2__r0" in line and "--spec-json" in line)
+        spec = next(json.loads((default_study / line.split("--spec ", 1)[1].split()[0]).read_text())
+                    for line in done.stdout.splitlines()
+                    if "job.launch --spec" in line and f"/{strategy}/ws2/r0.log" in line)
         assert {k: spec["train"][k] for k in chosen} == chosen and "lever_trial" not in spec["train"]
         assert spec["train"]["compile_auto"].startswith("replayed from results/repeats: measured")
 

@@ -8,7 +8,6 @@ bound (measured below 1e-6 for one step)."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_layout as run
 
 

@@ -8,7 +8,6 @@ bound."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_layout as run
 
 

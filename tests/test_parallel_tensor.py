@@ -7,7 +7,6 @@ Adam amplifies after the first update (see test_parallel_pipeline): 5e-3 from st
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_layout as run
 
 

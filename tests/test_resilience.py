@@ -13,7 +13,6 @@ import time
 import pandas as pd
 import psutil
 import pytest
-
 from conftest import overlay, snakemake
 
 

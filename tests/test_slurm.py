@@ -15,7 +15,6 @@ import types
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import copy_workflow, snakemake
 from slurm_cluster import PROFILE, REDUCED, STRATEGIES, reduced_study
 

@@ -7,8 +7,8 @@ import json
 
 import pandas as pd
 import pytest
-
 from conftest import REPO
+
 from workflow_scripts.report import traces
 
 FIXTURE = REPO / "tests/fixtures/traces/h200x2_gpt2_ddp"

@@ -1,5 +1,5 @@
-"""Tests for workflow_scripts.measure.vram: the host backend on real process trees, nvml/amdsmi against fake modules, the
-step column, failure handling (missing library, killed sampler) and the CLI. All memory figures in bytes."""
+"""Tests for workflow_scripts.measure.vram: the host backend on real process trees, nvml/amdsmi against fake modules,
+the step column, failure handling (missing library, killed sampler) and the CLI. All memory figures in bytes."""
 from __future__ import annotations
 
 import importlib.util
@@ -277,7 +277,8 @@ def test_cli_wraps_command_and_returns_its_exit_code(tmp_path):
 
 
 def test_cli_signal_exit_code(tmp_path):
-    proc = subprocess.run([PY, "-m", "workflow_scripts.measure.vram", "--out", str(tmp_path / "s.csv"), "--platform", "cpu",
-                           "--", PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+    proc = subprocess.run([PY, "-m", "workflow_scripts.measure.vram", "--out", str(tmp_path / "s.csv"),
+                           "--platform", "cpu", "--",
+                           PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                           cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 128 + signal.SIGKILL

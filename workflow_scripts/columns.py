@@ -3,6 +3,8 @@ names. Files between stages are the contract; this module is where their names a
 """
 from __future__ import annotations
 
+from workflow_scripts.status import RunStatus
+
 # ---------------------------------------------------------------- where things are in a results_dir
 RUN_DIR = "runs/{model}/{strategy}/{layout}/r{repeat}"  # one run's directory (layout: ws2, dp2-pp2-tp2, ...)
 RUNS_TABLE = "tables/runs.csv"  # the parse stage's run table
@@ -12,10 +14,7 @@ CALIBRATION = "calibration/calibration.json"  # a set's measured machine (measur
 RUN_TO_RUN = "verify/run_to_run.json"  # a committed set's measured run-to-run spread (report/verify.py)
 
 # ---------------------------------------------------------------- a run's status (summary.json, runs.csv, tables)
-OK = "ok"  # trained and measured
-OOM = "oom"  # out of device memory (the run, or predicted before it started with plan.refuse_oom)
-UNSUPPORTED = "unsupported"  # the strategy / layout cannot run this configuration here (the row says why)
-FAILED = "failed"  # anything else that ended without a summary
+OK, OOM, UNSUPPORTED, FAILED = RunStatus.OK, RunStatus.OOM, RunStatus.UNSUPPORTED, RunStatus.FAILED  # status.py
 NOT_OK = (OOM, UNSUPPORTED, FAILED)  # most telling first
 STATUS_CELL = {OOM: "OOM", UNSUPPORTED: "unsupported", FAILED: "failed"}  # a status as a table cell says it
 STATUS_MARK = {**STATUS_CELL, UNSUPPORTED: "n/a"}  # a status as a figure marks it (short: it is drawn vertically)

@@ -21,6 +21,7 @@ class Verdict(StrEnum):
     DIFFERS_EXPLAINED = "differs-explained"
     DIFFERS_UNEXPLAINED = "differs-unexplained"
     SETTINGS_CHANGED = "settings-changed"
+    STATUS_CHANGED = "status-changed"
     MISSING = "missing"
 
 

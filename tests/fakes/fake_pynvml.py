@@ -1,5 +1,5 @@
-"""FAKE pynvml (nvidia-ml-py) for tests: only the names workflow_scripts.measure.vram calls, same return shapes and units
-(bytes), serving devices from the module-level ``DEVICES`` list. Inject with
+"""FAKE pynvml (nvidia-ml-py) for tests: only the names workflow_scripts.measure.vram calls, same return shapes and
+units (bytes), serving devices from the module-level ``DEVICES`` list. Inject with
 ``monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)``. Written for these tests; not NVIDIA's code.
 """
 from __future__ import annotations
@@ -91,7 +91,8 @@ def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[_ProcessInfo]:
 
 
 NVML_CLOCK_SM = 1
-DRIVER = {"version": "580.159.04", "cuda": 13000}  # nvmlSystemGetCudaDriverVersion's encoding: 1000 * major + 10 * minor
+# nvmlSystemGetCudaDriverVersion's encoding: 1000 * major + 10 * minor
+DRIVER = {"version": "580.159.04", "cuda": 13000}
 
 
 def nvmlSystemGetDriverVersion() -> str:

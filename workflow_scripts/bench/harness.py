@@ -29,13 +29,13 @@ import pandas as pd
 from workflow_scripts import columns as C
 from workflow_scripts import study
 from workflow_scripts.bench import ceiling, trainer
+from workflow_scripts.job.launch import environment
+from workflow_scripts.job.lever_trial import measured, outcome, run_launcher, run_logged, write_spec
 from workflow_scripts.measure.provenance import config_hash
 from workflow_scripts.training import levers
 from workflow_scripts.training.build_ops import needed_ops
 from workflow_scripts.training.models import MODELS
-from workflow_scripts.job.lever_trial import measured, outcome, run_launcher, run_logged, write_spec
 from workflow_scripts.training.precision import policy
-from workflow_scripts.job.launch import environment
 from workflow_scripts.training.strategies import get as get_strategy
 
 EAGER = dict.fromkeys(levers.LEVERS, False)  # the lever ladder starts eager: each lever adds one

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import Trainer, TrainerCallback, TrainingArguments, __version__ as TRANSFORMERS_VERSION
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import __version__ as TRANSFORMERS_VERSION
 
 from workflow_scripts import columns as C
 from workflow_scripts import schema
@@ -40,9 +41,9 @@ from workflow_scripts.measure import metrics as M
 from workflow_scripts.training import recompute
 from workflow_scripts.training.batches import load_data, make_model
 from workflow_scripts.training.context import from_spec, process_env
-from workflow_scripts.training.strategies._deepspeed import gloo_collectives_on_cpu
 from workflow_scripts.training.models import count_params, model_flops_per_token, transformer_blocks
 from workflow_scripts.training.strategies import get as get_strategy
+from workflow_scripts.training.strategies._deepspeed import gloo_collectives_on_cpu
 from workflow_scripts.training.strategies.engine import input_ids, targets
 
 

@@ -1,6 +1,6 @@
-"""Where a number came from: code version (the commit and a hash of every module the run executed), config, packages, devices, the machine (measure/machine.py: driver,
-CUDA runtime, NCCL, topology, clocks, power limits, CPU model), host, container (measure/container.py: the
-image's digest and recipe commit), scheduler, times.
+"""Where a number came from: code version (the commit and a hash of every module the run executed), config, packages,
+devices, the machine (measure/machine.py: driver, CUDA runtime, NCCL, topology, clocks, power limits, CPU model),
+host, container (measure/container.py: the image's digest and recipe commit), scheduler, times.
 
 The git commit is the project's own: that of the repository whose top level holds this code. A copy of the
 project without its own .git inside another repository records no commit (and says why), never the other one's.

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable
 
 CONFIDENCE = 0.95
 ALPHA = 0.05

@@ -1,7 +1,8 @@
 """Stage 5b (config `profile.enabled`): a run's profiler traces -> where each recorded step's time went.
 
     python3 -m workflow_scripts.report.traces analyse --traces <dir of rank<r>.json.gz> --out-dir <run>/traces
-    python3 -m workflow_scripts.report.traces report --analyses <run>/traces/analysis.json ... --table <csv> --figure <png>
+    python3 -m workflow_scripts.report.traces report --analyses <run>/traces/analysis.json ... \
+        --table <csv> --figure <png>
 
 Two analyses of every traced rank (measure/profile.py writes one trace per rank):
   * phases, every trace (CPU or GPU): per recorded step (ProfilerStep#N), the engine's ranges forward / backward /
@@ -100,8 +101,9 @@ def gpu_ops(events: list[dict]) -> list[tuple[float, dict]]:
     """(host launch time, device op) of every kernel, memcpy and memset, joined through their correlation ids."""
     launch = {e["args"]["correlation"]: e["ts"] for e in events
               if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    device = ("kernel", "gpu_memcpy", "gpu_memset")
     return [(launch[e["args"]["correlation"]], e) for e in events
-            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("args", {}).get("correlation") in launch]
+            if e.get("cat") in device and e.get("args", {}).get("correlation") in launch]
 
 
 def launched_in(ops, a: float, b: float) -> list[dict]:

@@ -44,14 +44,15 @@ from pathlib import Path
 import pandas as pd
 
 from workflow_scripts import columns as C
-from workflow_scripts import replay, schema
+from workflow_scripts import replay, schema, status
 from workflow_scripts.measure import provenance
 from workflow_scripts.plan import bound
 from workflow_scripts.report.stats import within
 from workflow_scripts.report.tables import with_layout
+from workflow_scripts.status import Verdict as V
 
 KEYS = ["model", "strategy", "layout", "repeat"]
-PASSING = ("reproduced", "differs-explained")
+PASSING = status.PASSING
 MEMORY = {"gpu": ["peak_allocated_bytes"], "cpu": ["peak_host_rss_bytes", "sampler_peak_process_bytes"]}
 
 
@@ -87,7 +88,7 @@ def repeat_spread(runs: pd.DataFrame) -> dict:
 def spread(table: pd.DataFrame, how: str) -> dict:
     """C.RUN_TO_RUN from a comparison of two runs of the same rows on one machine: the largest difference of each
     measure (rows whose settings or status differ are not a spread)."""
-    same = table[table["verdict"].isin(["reproduced", "differs-explained", "differs-unexplained"])]
+    same = table[table["verdict"].isin([V.REPRODUCED, V.DIFFERS_EXPLAINED, V.DIFFERS_UNEXPLAINED])]
     if same.empty:
         raise SystemExit("verify: no row of the comparison has the same settings and status in both sets")
 
@@ -173,10 +174,10 @@ def judge(m: dict, predicted: float | None, what_bounds: str, tol: dict) -> tupl
     ratio = m["throughput_ratio"]
     speed_ok = ratio is not None and within(ratio - 1.0, tol["throughput_rel"])
     if not off and speed_ok:
-        return "reproduced", ""
+        return V.REPRODUCED, ""
     if not off and ratio is not None and explained(ratio, predicted, tol["throughput_rel"]):
-        return "differs-explained", f"throughput x{ratio:.2f}, calibration predicts x{predicted:.2f} ({what_bounds})"
-    return "differs-unexplained", ", ".join(off + ([] if speed_ok else ["throughput"]))
+        return V.DIFFERS_EXPLAINED, f"throughput x{ratio:.2f}, calibration predicts x{predicted:.2f} ({what_bounds})"
+    return V.DIFFERS_UNEXPLAINED, ", ".join(off + ([] if speed_ok else ["throughput"]))
 
 
 def pipeline_change(committed: Path, rerun: Path, key) -> str | None:
@@ -204,7 +205,7 @@ def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committe
                 spreads: dict) -> dict:
     out = dict(zip(KEYS, key))
     if key not in old.index or key not in new.index:
-        return {**out, "verdict": "missing", "why": f"only in the {'rerun' if key in new.index else 'committed set'}"}
+        return {**out, "verdict": V.MISSING, "why": f"only in the {'rerun' if key in new.index else 'committed set'}"}
     n, o = new.loc[key], old.loc[key]
     changed = replay.settings_diff(replay.run_settings(committed, *key), replay.run_settings(rerun, *key))
     code = pipeline_change(committed, rerun, key)
@@ -216,11 +217,11 @@ def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committe
         m["repeat_spread"] = spreads[key[:-1]]
         tol = {**tol, "throughput_rel": max(tol["throughput_rel"], m["repeat_spread"])}
     if changed:
-        return {**out, **m, "verdict": "settings-changed", "why": "; ".join(changed)}
+        return {**out, **m, "verdict": V.SETTINGS_CHANGED, "why": "; ".join(changed)}
     if n["status"] != o["status"]:
-        return {**out, "verdict": "status-changed", "why": f"{o['status']} -> {n['status']}"}
+        return {**out, "verdict": V.STATUS_CHANGED, "why": f"{o['status']} -> {n['status']}"}
     if n["status"] != C.OK:
-        return {**out, "verdict": "reproduced", "why": f"{n['status']} in both"}
+        return {**out, "verdict": V.REPRODUCED, "why": f"{n['status']} in both"}
     word, why = judge(m, m.get("calibration_ratio"), m.get("bound", "no calibration"), tol)
     return {**out, **m, "verdict": word, "why": why}
 
@@ -234,7 +235,8 @@ def compare(rerun: Path, committed: Path, tolerances: dict | None = None) -> pd.
     own = repeat_spread(old), repeat_spread(new)
     spreads = {key: max(each.get(key, 0.0) for each in own) for key in {*own[0], *own[1]}}
     table = pd.DataFrame([row_verdict(k, new, old, rerun, committed, cals, tol, spreads) for k in keys])
-    for column in ("calibration_ratio", "bound", "repeat_spread"):  # empty where no row was compared or a set has no calibration
+    # empty where no row was compared or a set has no calibration
+    for column in ("calibration_ratio", "bound", "repeat_spread"):
         table[column] = table[column] if column in table else None
     table.attrs["tolerances"] = {**tol, "source": source}
     return table

@@ -7,8 +7,9 @@ validation split, `effective_batch` = micro-batch x accumulation x dp_size is De
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.precision import Precision
