@@ -1,6 +1,3 @@
-from workflow_scripts.bench import benchmarks_md
-
-
 # Harness benchmark, not part of `all`:
 #   snakemake --cores all bench_harness --configfile studies/bench_harness.yaml
 # workflow_scripts/bench/harness.py, in two jobs: the lever ladder (bench_levers), then ours vs Hugging Face
@@ -72,31 +69,3 @@ rule bench_sampler:
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.bench.sampler --config-json {params.cfg:q} --out-dir {params.out} > {log} 2>&1"
-
-
-# BENCHMARKS.md's result tables, not part of `all`: `snakemake --cores 1 benchmarks_md`.
-# workflow_scripts/bench/benchmarks_md.py rewrites in place every region of BENCHMARKS.md between
-# `<!-- bench-table sets="a,b" table="compare|levers" -->` and `<!-- /bench-table -->` from the named committed
-# sets under results/bench_harness (their harness_vs_trainer.csv or levers.csv, and rounds file); text outside the
-# markers is never touched. BENCHMARKS.md is read and written by the same job, so it cannot be the output (a cycle):
-# it is an input beside the CSVs its markers name (benchmarks_md.inputs parses them), and the output is a stamp, so
-# editing a marker or a committed table reruns the job. `python -m workflow_scripts.bench.benchmarks_md --check`
-# writes nothing and fails with a diff when BENCHMARKS.md is out of date (tests/test_data_sets.py runs it).
-rule benchmarks_md:
-    input:
-        md=benchmarks_md.DEFAULT_FILE,
-        csvs=lambda w: benchmarks_md.inputs(
-            benchmarks_md.DEFAULT_FILE, benchmarks_md.DEFAULT_RESULTS
-        ),
-    output:
-        touch(f"{R}/bench/benchmarks_md.done"),
-    log:
-        f"{R}/logs/bench/benchmarks_md.log",
-    localrule: True
-    container:
-        IMAGE
-    params:
-        results=benchmarks_md.DEFAULT_RESULTS,
-    shell:
-        "python3 -m workflow_scripts.bench.benchmarks_md --file {input.md:q} --results {params.results:q} "
-        "> {log} 2>&1"

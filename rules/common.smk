@@ -1,6 +1,7 @@
 # Shared helpers: config validation (schema + checks that name the key at fault), paths, run specs.
 import json
 import os
+import sys
 
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
@@ -15,7 +16,9 @@ from workflow_scripts.training.layout import Layout
 
 try:
     config_check.validate_study(
-        config, os.path.join(workflow.basedir, "schemas/config.schema.yaml")
+        config,
+        os.path.join(workflow.basedir, "schemas/config.schema.yaml"),
+        planning=config_check.planning_only(sys.argv),
     )
 except config_check.ConfigError as exc:
     raise WorkflowError(str(exc)) from None
@@ -50,7 +53,6 @@ try:  # the image of every job under --use-apptainer; a missing one is an error 
     )
 except container_image.ImageError as exc:
     raise WorkflowError(str(exc)) from None
-FIGURES = figure_registry.names("figures")
 
 
 wildcard_constraints:
@@ -90,18 +92,17 @@ def run_dirs():
 
 
 def all_outputs():
-    traced = (
-        [f"{R}/tables/traces.csv", f"{R}/figures/traces.png", f"{R}/figures/traces.pdf"]
-        if PROFILE
-        else []
-    )
-    claims = (
-        [f"{R}/tables/claims.md", f"{R}/figures/claims.png"] if PUBLISHED_RUNS else []
-    )
+    # what `all` makes: the tables, the findings (the report's first page) and only the figures the study has
+    # data for (report/figure_registry.py), the calibration's figure, traces and claims where the study has them
+    traced = [f"{R}/tables/traces.csv"] if PROFILE else []
+    claims = [f"{R}/tables/claims.md"] if PUBLISHED_RUNS else []
     return (
-        [f"{R}/tables/summary.md", f"{R}/{columns.RUNS_TABLE}"]
-        + expand(f"{R}/figures/{{name}}.{{ext}}", name=FIGURES, ext=["png", "pdf"])
-        + expand(f"{R}/figures/calibration.{{ext}}", ext=["png", "pdf"])
+        [
+            f"{R}/tables/summary.md",
+            f"{R}/{columns.RUNS_TABLE}",
+            f"{R}/tables/findings.md",
+        ]
+        + figure_registry.study_files(config, R)
         + traced
         + claims
     )
@@ -315,3 +316,19 @@ def committed_files(wildcards):
     for name in (columns.RUN_SPEC, columns.SUMMARY, columns.PROVENANCE):
         found += glob.glob(f"{against}/{pattern}/{name}")
     return sorted(p for p in found if os.path.exists(p))
+
+
+def verified(wildcards):
+    """Target verify's table, in a study that verifies (config verify.against) once verify has written it: the
+    findings then give its verdict (report_hook brings them up to date after a run of target verify). A study
+    without verify.against never asks for it, so `all` never reruns the comparison."""
+    table = rules.compare_with_committed.output.csv
+    return [table] if config["verify"]["against"] and os.path.exists(table) else []
+
+
+def plan_calibration(wildcards):
+    """The calibration file plan.calibration names (a GPU kind's rate file, or a path), or none."""
+    from workflow_scripts.plan.step_time import rates_file
+
+    name = config["plan"].get("calibration")
+    return str(rates_file(name)) if name else []

@@ -9,14 +9,6 @@ report: "../report/workflow.rst"
 FIGURES = figure_registry.names("figures", config)
 
 
-def verified(wildcards):
-    """Target verify's table, in a study that verifies (config verify.against) once verify has written it: the
-    findings then give its verdict (report_hook brings them up to date after a run of target verify). A study
-    without verify.against never asks for it, so `all` never reruns the comparison."""
-    table = rules.compare_with_committed.output.csv
-    return [table] if config["verify"]["against"] and os.path.exists(table) else []
-
-
 rule summary_table:
     input:
         runs=rules.parse.output.runs,

@@ -3,15 +3,6 @@
 # model where plan.calibration names a GPU kind (its rate file, workflow_scripts/plan/rates/) or a calibration;
 # `scale`, the study at the GPU counts and on the network of plan.scale (workflow_scripts/plan/scale.py: every
 # layout that fits, simulated; its figure: report/scale_figure.py).
-from workflow_scripts.plan.step_time import rates_file
-
-
-def plan_calibration(wildcards):
-    """The calibration file plan.calibration names (a GPU kind's rate file, or a path), or none."""
-    name = config["plan"].get("calibration")
-    return str(rates_file(name)) if name else []
-
-
 rule plan:
     input:
         calibration=plan_calibration,

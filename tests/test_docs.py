@@ -209,6 +209,7 @@ results = []
 for argv, path in json.load(sys.stdin):
     os.environ["PATH"] = path
     try:
+        sys.argv = ["snakemake", *argv]  # as the command line sets it (config_check.planning_only reads it)
         parser, args = parse_args(argv)
         results.append(bool(args_to_api(args, parser)))
     except BaseException:

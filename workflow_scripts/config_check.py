@@ -51,9 +51,20 @@ def _is_local(path: str) -> bool:
     return os.path.isabs(path) or path.startswith(".")
 
 
-def problems(config: dict, devices: int | None = None) -> list[str]:
+PLANNING_TARGETS = ("plan", "scale")  # targets that train nothing: they need no device of this node
+
+
+def planning_only(argv: list[str]) -> bool:
+    """Whether the command line names only planning targets (`snakemake plan ...`, `snakemake scale ...`): then
+    the node's devices are not counted, the plan's own `gpus` say how many."""
+    words = [a for a in argv[1:] if not a.startswith("-")]
+    return any(a in PLANNING_TARGETS for a in words) and "all" not in words
+
+
+def problems(config: dict, devices: int | None = None, planning: bool = False) -> list[str]:
+    sizes = [] if planning else size_problems(config, devices)
     found = (name_problems(config) + batch_problems(config) + layout_problems(config)
-             + size_problems(config, devices) + data_problems(config) + bench_problems(config)
+             + sizes + data_problems(config) + bench_problems(config)
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
              + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config)
              + auto_levers_problems(config) + compiled_zero3_problems(config) + profile_problems(config))
@@ -231,8 +242,8 @@ def compiled_zero3_problems(config: dict) -> list[str]:
             if not (compiles and stage3 and isinstance(options, dict)) or asks_deepcompile(options):
                 continue
             out += [f"strategy_options.{s}.{k}: {options[k]!r} traces DeepSpeed's own linear into the code that "
-                    f"{where}.{compiles[0]} compiles, which left parameters without gradients "
-                    "(results/vit/h100-zero3-grad-check): drop the key or compile nothing"
+                    f"{where}.{compiles[0]} compiles, which leaves parameters without gradients "
+                    "(experiments/zero3_grads): drop the key or compile nothing"
                     for k, v in COMPILED_ZERO3_KEYS.items() if k in options and options[k] != v]
     return out
 
@@ -402,17 +413,18 @@ def check_schema(config: dict, schema_path: str) -> None:
         raise ConfigError("invalid study config:\n  " + "\n  ".join(found))
 
 
-def validate_study(config: dict, schema_path: str) -> None:
+def validate_study(config: dict, schema_path: str, planning: bool = False) -> None:
     """The whole check of a study config, as rules/common.smk runs it: every schema violation at once (one line
-    each), then Snakemake's validation filling the defaults, then the checks that need them."""
+    each), then Snakemake's validation filling the defaults, then the checks that need them (with `planning`, all
+    but the node's device count: planning_only)."""
     from snakemake.utils import validate
 
     check_schema(config, schema_path)
     validate(config, schema=schema_path, set_default=True)
-    check(config)
+    check(config, planning=planning)
 
 
-def check(config: dict, devices: int | None = None) -> None:
-    found = problems(config, devices)
+def check(config: dict, devices: int | None = None, planning: bool = False) -> None:
+    found = problems(config, devices, planning)
     if found:
         raise ConfigError("invalid study config:\n  " + "\n  ".join(found))

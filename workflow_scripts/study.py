@@ -217,8 +217,8 @@ def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, o
 def block_flops(config: dict, model: str, micro_batch: int, layout: dict, seq_len: int | None = None) -> float:
     """Forward matmul FLOPs of one transformer block call: 2 x the block's matmul weights x the tokens of a
     micro-batch on the rank (cp splits the sequence); a ViT's tokens are its patches + 1. Not divided by tp: eager
-    tensor parallel pays DTensor dispatch on the host per op, which compiling removes (3.7x on the 3B shape,
-    results/parallelism/h200x2-tp-compiled). `seq_len`: a language model's tokens per sample, if not the data's
+    tensor parallel pays DTensor dispatch on the host per op, which compiling removes (3.7x on the 3B shape on two
+    H200). `seq_len`: a language model's tokens per sample, if not the data's
     block size (the planner's plan.seq_len); the study's model_overrides change the shape."""
     spec = model_spec(model, (config.get("model_overrides") or {}).get(model))
     if spec.vision:

@@ -47,7 +47,6 @@ from workflow_scripts import columns as C
 from workflow_scripts.report.stats import mean_ci
 
 REPORTS = "benchmarks"  # the dated reports, relative to the repository root
-DEFAULT_FILE = "BENCHMARKS.md"  # the index, which holds no generated table (rule benchmarks_md names it)
 DEFAULT_RESULTS = "."  # what the markers' set folders are relative to: the repository root
 CEILING = "ceiling"  # bench/harness.py's runner and strategy name of the ceiling's rows (not imported: torch)
 CSV = {"compare": "harness_vs_trainer.csv", "levers": "levers.csv"}  # table kind -> its file under <set>/bench/

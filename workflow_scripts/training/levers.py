@@ -50,7 +50,7 @@ CANDIDATES = {
 TRIAL_KEYS = ("compile_blocks", "compile_loss", "compile_model", "compile_mode")
 # Below this much forward matmul work per block call, a compiled block's per-call host cost (guards, the
 # autograd wrapper) outweighs what fusion saves: GPT-2-medium on one H100, interleaved, micro-batch 4 (1.0e11 FLOP)
-# compiled 0.85x eager, micro-batch 16 (4.1e11) 1.9x (results/bench_harness/h100-levers-mb4, BENCHMARKS.md Part 1b).
+# compiled 0.85x eager, micro-batch 16 (4.1e11) 1.9x (benchmarks/2026-11-24-compile-regimes-h100.md).
 MIN_BLOCK_FLOPS = 2.0e11
 
 
