@@ -22,11 +22,12 @@ rule compare_with_committed:
     params:
         against=config["verify"]["against"] or "",
         tolerances=json.dumps(config["verify"]["tolerances"]),
+        across=config["verify"]["across_kinds"],
         rerun=lambda w, input: os.path.dirname(os.path.dirname(input.runs)),
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.report.verify --rerun {params.rerun:q} --against {params.against:q} "
-        "--tolerances {params.tolerances:q} --out-dir {params.out:q} > {log} 2>&1"
+        "--tolerances {params.tolerances:q} --across-kinds {params.across} --out-dir {params.out:q} > {log} 2>&1"
 
 
 rule verify:

@@ -123,7 +123,8 @@ def committed_copy(rerun, dest, runs_edit=None, speed_factor=1.0):
 def test_verify_fails_on_every_kind_of_difference(default_study, tmp_path):
     """The default study against doctored copies of itself: identical rows reproduce (a loss change equal to the
     tolerance too: inclusive); a deleted row is `missing`, ok -> oom `status-changed`, loss +2e-3 and host memory
-    +20% on CPU differ, another precision is `settings-changed` naming the key; each makes the check exit 1.
+    +20% on CPU differ, a loss difference with another precision is `settings-changed` naming the key; each makes
+    the check exit 1.
     Throughput halved on a machine whose calibration is half as fast differs, explained (exit 0)."""
     import json
 
@@ -144,6 +145,7 @@ def test_verify_fails_on_every_kind_of_difference(default_study, tmp_path):
         r.loc[row(second), "peak_host_rss_bytes"] /= 1.2
         r.loc[row(third), ["status", "reason"]] = ["oom", "injected"]
         r.loc[row(ok[4]), "final_loss"] -= 1e-3  # exactly the tolerance
+        r.loc[row(fourth), "final_loss"] -= 5e-3  # with another precision (below): explained by the change
         r.drop(index=row(ok[5]), inplace=True)
 
     committed = committed_copy(rerun, tmp_path / "doctored", doctor)
@@ -153,7 +155,9 @@ def test_verify_fails_on_every_kind_of_difference(default_study, tmp_path):
     assert table.loc[first, "verdict"] == "differs-unexplained" and table.loc[first, "why"] == "loss"
     assert table.loc[second, "verdict"] == "differs-unexplained" and table.loc[second, "why"] == "memory"
     assert table.loc[third, ["verdict", "why"]].tolist() == ["status-changed", "oom -> ok"]
-    assert table.loc[fourth, ["verdict", "why"]].tolist() == ["settings-changed", "precision: bf16-mixed -> fp32"]
+    precision = "precision: bf16-mixed -> fp32"
+    assert table.loc[fourth, ["verdict", "why"]].tolist() == ["settings-changed", f"loss ({precision})"]
+    assert table.loc[fourth, ["numerics", "changed"]].tolist() == ["differs", precision]
     assert table.loc[ok[4], "verdict"] == "reproduced"
     assert table.loc[ok[5], ["verdict", "why"]].tolist() == ["missing", "only in the rerun"]
     assert (table.drop(index=[first, second, third, fourth, ok[5]]).verdict == "reproduced").all()
@@ -191,9 +195,11 @@ def test_code_state_names_exactly_the_modules_that_differ(tmp_path):
     assert provenance.changed_modules(None, new) is None  # a run that recorded no code: unknown, not "same"
 
 
-def test_verify_names_a_changed_module_as_settings_changed(default_study, tmp_path):
-    """A committed copy whose one run recorded another hash for the DDP engine: that row reads settings-changed,
-    naming the pipeline's commits and the module; the rows whose recorded code is the same still reproduce."""
+def test_verify_names_a_changed_module_and_judges_numerics_and_performance(default_study, tmp_path):
+    """Committed copies of the default study, doctored: a run that recorded another hash for the DDP engine reads
+    `reproduced` with the module listed under `changed` while its numbers reproduce, and `settings-changed` naming
+    the pipeline's commits and the module once its loss differs too. Throughput x1.5 on another device kind is
+    reported beside the kinds, not judged (exit 0), unless asked (`judge_kinds`); on the same kind it fails."""
     import json
 
     import pandas as pd
@@ -203,21 +209,46 @@ def test_verify_names_a_changed_module_as_settings_changed(default_study, tmp_pa
     rerun = default_study / "results/default"
     runs = pd.read_csv(rerun / "tables/runs.csv")
     ok = runs[runs.status == "ok"].strategy.tolist()
-    model, strategy = runs.model[0], ok[0]
-    committed = committed_copy(rerun, tmp_path / "older")
-    path = committed / f"runs/{model}/{strategy}/ws2/r0/provenance.json"
-    recorded = json.loads(path.read_text())
-    engine = "workflow_scripts/training/strategies/_ddp_engine.py"
-    assert engine in recorded["code"]["modules"]  # every run records the code it executed
-    recorded["code"]["modules"][engine] = "0" * 12
-    recorded["git"]["commit"] = "a1b2c3d" + "0" * 33
-    path.write_text(json.dumps(recorded))
-    table = verify.compare(rerun, committed).set_index("strategy")
+    model, strategy, other = runs.model[0], ok[0], ok[1]
+
+    def older_code(dest, runs_edit=None):
+        committed = committed_copy(rerun, dest, runs_edit)
+        path = committed / f"runs/{model}/{strategy}/ws2/r0/provenance.json"
+        recorded = json.loads(path.read_text())
+        engine = "workflow_scripts/training/strategies/_ddp_engine.py"
+        assert engine in recorded["code"]["modules"]  # every run records the code it executed
+        recorded["code"]["modules"][engine] = "0" * 12
+        recorded["git"]["commit"] = "a1b2c3d" + "0" * 33
+        path.write_text(json.dumps(recorded))
+        return committed
+
     commit = (json.loads((rerun / f"runs/{model}/{strategy}/ws2/r0/provenance.json").read_text())["git"]["commit"]
               or "unknown")[:7]
-    assert table.loc[strategy, "verdict"] == "settings-changed"
-    assert table.loc[strategy, "why"] == f"pipeline: a1b2c3d -> {commit}, changed: training/strategies/_ddp_engine.py"
-    assert (table.loc[ok[1:], "verdict"] == "reproduced").all()
+    change = f"pipeline: a1b2c3d -> {commit}, changed: training/strategies/_ddp_engine.py"
+    same = verify.compare(rerun, older_code(tmp_path / "same")).set_index("strategy")
+    assert same.loc[strategy, ["verdict", "numerics", "changed"]].tolist() == ["reproduced", "reproduced", change]
+    assert (same.loc[ok[1:], "verdict"] == "reproduced").all() and (same.loc[ok[1:], "changed"] == "").all()
+
+    def loss_and_kind(r):
+        r.loc[r.strategy == strategy, "final_loss"] -= 0.01
+        r.loc[r.strategy == other, "tokens_per_s"] /= 1.5  # the rerun is then 1.5x faster
+        r.loc[r.strategy == other, "device_name"] = "NVIDIA H100 80GB HBM3"
+
+    table = verify.compare(rerun, older_code(tmp_path / "differs", loss_and_kind)).set_index("strategy")
+    assert table.loc[strategy, ["verdict", "why"]].tolist() == ["settings-changed", f"loss ({change})"]
+    kinds = table.loc[other]
+    assert kinds["verdict"] == "reproduced" and kinds["performance"] == "across kinds"
+    assert kinds["why"].startswith("x1.50 NVIDIA H100 80GB HBM3 -> ") and kinds["why"].endswith(": reported")
+    verify.write(table.drop(index=[strategy]).reset_index(), rerun, tmp_path / "differs", tmp_path / "out")
+    assert verify.check(tmp_path / "out/reproduction.csv") == 0
+    judged = verify.compare(rerun, tmp_path / "differs", judge_kinds=True).set_index("strategy")
+    assert judged.loc[other, ["verdict", "performance"]].tolist() == ["differs-unexplained", "differs"]
+
+    def faster(r):
+        r.loc[r.strategy == other, "tokens_per_s"] /= 1.5
+
+    same_kind = verify.compare(rerun, committed_copy(rerun, tmp_path / "faster", faster)).set_index("strategy")
+    assert same_kind.loc[other, ["verdict", "why"]].tolist() == ["differs-unexplained", "throughput"]
 
 
 def test_verify_target_reruns_when_the_committed_set_changes_and_fails(default_study, tmp_path):

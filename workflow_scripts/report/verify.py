@@ -4,27 +4,29 @@
         --config results_dir=results/<study>/<device>-rerun verify='{against: results/<study>/<device>}'
 
 The study runs as usual into its own results_dir (never the committed one), replaying the committed runs'
-resolved decisions (workflow_scripts/replay.py), then every run of either set gets one verdict:
+resolved decisions (workflow_scripts/replay.py). Every run of either set gets two judgements and one verdict:
 
-  reproduced           same settings and status; loss, memory and throughput within `verify.tolerances`
-  differs-explained    loss and memory within; throughput off, but what the two machines' calibrations predict
-                       for this run accounts for it: within the tolerance once divided out, and for at least half
-                       of the deviation. A GPU run whose two calibrations both carry the step-time model's curves
-                       is predicted by that model (plan/step_time.py) on each machine's rates: the ratio of the two
-                       predicted steps, and the bound of the committed one; otherwise the prediction weighs each
-                       calibrated measure by the share of the step it bounds (plan/bound.py: compute at matmul
-                       TFLOP/s, gradient all-reduce at bus bandwidth, the rest at single-thread CPU speed; a
-                       host-bound step follows the CPU, not the GPU)
-  differs-unexplained  `why` names the measures that differ (loss, memory, throughput)
+  numerics             final training and validation loss (absolute difference), peak memory (relative): within
+                       `verify.tolerances` (bitwise where train.deterministic was on and the tolerance is 0), or
+                       the committed set's recorded run-to-run spread where larger
+  performance          throughput (rerun / committed tokens/s) on the same device kind: within the tolerance (or
+                       the repeats' own spread), or explained by the two machines' calibrations (the step-time
+                       model's ratio on each machine's rates, plan/step_time.py, else plan/bound.py's shares); on
+                       another device kind the ratio is reported beside the prediction for both machines and judged
+                       only with `verify.across_kinds: judge`
+  changed              every resolved setting that differs (`key: committed -> rerun`: train settings, precision,
+                       micro-batch split, package and CUDA versions, data hash) and the pipeline's code
+                       (`pipeline: <commit> -> <commit>, changed: <modules>`, provenance.code_state)
+
+  reproduced           numerics reproduce and the judged performance too (`changed` may still list changes)
+  differs-explained    numerics reproduce; throughput off on the same kind, accounted for by the calibrations
+  settings-changed     numerics or judged performance differ, and settings or code changed: `why` says which
+  differs-unexplained  numerics or judged performance differ with nothing changed: `why` names the measures
   missing              in one set only (`why` says which)
   status-changed       ok in one, oom / unsupported / failed in the other
-  settings-changed     the resolved settings differ (`why` lists `key: committed -> rerun`: train settings,
-                       precision, micro-batch split, torch / DeepSpeed / transformers / CUDA versions, data hash);
-                       the measures are shown but not judged: it is not the same run
 
-Measures: final training and validation loss (absolute difference); peak memory (relative: torch-allocated on
-GPU, the ranks' peak host RSS and the sampler's process peak on CPU); throughput (rerun / committed tokens/s).
-Every tolerance is inclusive. A committed set may record its run-to-run spread (`verify/run_to_run.json`: the
+Memory is torch-allocated on GPU, the ranks' peak host RSS and the sampler's process peak on CPU. Every tolerance
+is inclusive. A committed set may record its run-to-run spread (`verify/run_to_run.json`: the
 largest loss, memory and throughput differences of two runs of the same rows on one machine, `--record-spread`);
 each replaces its `verify.tolerances` value where it is larger. Where a set holds several repeats of a run, their
 own spread in tokens/s (largest / smallest - 1; column `repeat_spread`: the larger of the two sets' spreads)
@@ -32,7 +34,7 @@ replaces the throughput tolerance of that run's rows where it is larger: a rerun
 of itself reproduces it (three repeats of a host-bound row spread up to 40 % within one command on one H100).
 
 `compare` writes reproduction.csv / .md; `--check` prints the table and exits 1 when any row is neither
-reproduced nor explained (the target fails, the table stays).
+reproduced nor explained: the exit status follows numerics and same-kind performance (the table stays).
 """
 from __future__ import annotations
 
@@ -89,6 +91,8 @@ def spread(table: pd.DataFrame, how: str) -> dict:
     """C.RUN_TO_RUN from a comparison of two runs of the same rows on one machine: the largest difference of each
     measure (rows whose settings or status differ are not a spread)."""
     same = table[table["verdict"].isin([V.REPRODUCED, V.DIFFERS_EXPLAINED, V.DIFFERS_UNEXPLAINED])]
+    if "changed" in same:  # a row whose settings or code changed is no run-to-run spread
+        same = same[same["changed"].fillna("") == ""]
     if same.empty:
         raise SystemExit("verify: no row of the comparison has the same settings and status in both sets")
 
@@ -164,20 +168,58 @@ def explained(ratio: float, predicted: float | None, tol: float) -> bool:
     return within(left, tol) and abs(left) <= abs(ratio - 1.0) / 2
 
 
-def judge(m: dict, predicted: float | None, what_bounds: str, tol: dict) -> tuple[str, str]:
+def numerics_off(m: dict, tol: dict) -> list[str]:
+    """The numeric measures outside their tolerance: loss, validation loss, memory (a missing loss counts)."""
     off = [name for name, value, limit in (("loss", m["final_loss_diff"], tol["loss_abs"]),
                                            ("validation loss", m["val_loss_diff"], tol["loss_abs"]),
                                            ("memory", m["peak_memory_rel_diff"], tol["memory_rel"]))
            if value is not None and not within(value, limit)]
-    if m["final_loss_diff"] is None:
-        off.append("loss (missing)")
+    return off + (["loss (missing)"] if m["final_loss_diff"] is None else [])
+
+
+def performance(m: dict, predicted: float | None, what_bounds: str, tol: dict) -> tuple[str, str]:
+    """Throughput against the same machine kind: reproduced (within the tolerance or spread), explained (the two
+    calibrations predict the ratio: `explained`) or differs."""
     ratio = m["throughput_ratio"]
-    speed_ok = ratio is not None and within(ratio - 1.0, tol["throughput_rel"])
-    if not off and speed_ok:
-        return V.REPRODUCED, ""
-    if not off and ratio is not None and explained(ratio, predicted, tol["throughput_rel"]):
-        return V.DIFFERS_EXPLAINED, f"throughput x{ratio:.2f}, calibration predicts x{predicted:.2f} ({what_bounds})"
-    return V.DIFFERS_UNEXPLAINED, ", ".join(off + ([] if speed_ok else ["throughput"]))
+    if ratio is not None and within(ratio - 1.0, tol["throughput_rel"]):
+        return "reproduced", ""
+    if ratio is not None and explained(ratio, predicted, tol["throughput_rel"]):
+        return "explained", f"throughput x{ratio:.2f}, calibration predicts x{predicted:.2f} ({what_bounds})"
+    return "differs", "throughput"
+
+
+def across_kinds(n: pd.Series, o: pd.Series) -> tuple[str, str] | None:
+    """(committed, rerun) device names where the two runs ran on different kinds of device, else None."""
+    a, b = (str(r.get("device_name")) for r in (o, n))
+    known = all(x not in ("", "nan", "None") for x in (a, b))
+    return (a, b) if known and a != b else None
+
+
+def judge(m: dict, predicted: float | None, what_bounds: str, tol: dict, kinds: tuple | None = None,
+          changed: list | None = None, judge_kinds: bool = False) -> dict:
+    """A row's two judgements and its verdict. numerics: loss, validation loss, memory within their tolerances.
+    performance: throughput on the same machine kind (judged), across kinds a ratio beside the step-time model's
+    prediction for both machines (reported, judged only with `judge_kinds`). The verdict follows numerics and the
+    judged performance; a difference that comes with changed settings or code is `settings-changed` (what changed in
+    `changed`), never unexplained."""
+    off = numerics_off(m, tol)
+    ratio = m["throughput_ratio"]
+    if kinds and not judge_kinds:
+        said = f"x{ratio:.2f}" if ratio is not None else "no throughput"
+        perf, perf_why = "across kinds", (f"{said} {kinds[0]} -> {kinds[1]}"
+                                          + (f", predicted x{predicted:.2f}" if predicted else "") + ": reported")
+    else:
+        perf, perf_why = performance(m, predicted, what_bounds, tol)
+    out = {"numerics": "differs" if off else "reproduced", "performance": perf, "changed": "; ".join(changed or [])}
+    bad = off + (["throughput"] if perf == "differs" else [])
+    if bad:
+        verdict = V.SETTINGS_CHANGED if changed else V.DIFFERS_UNEXPLAINED
+        why = ", ".join(bad) + (f" ({'; '.join(changed)})" if changed else "")
+    elif perf == "explained":
+        verdict, why = V.DIFFERS_EXPLAINED, perf_why
+    else:
+        verdict, why = V.REPRODUCED, perf_why if perf == "across kinds" else ""
+    return {**out, "verdict": verdict, "why": why}
 
 
 def pipeline_change(committed: Path, rerun: Path, key) -> str | None:
@@ -202,7 +244,7 @@ def pipeline_change(committed: Path, rerun: Path, key) -> str | None:
 
 
 def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committed: Path, cals, tol,
-                spreads: dict) -> dict:
+                spreads: dict, judge_kinds: bool = False) -> dict:
     out = dict(zip(KEYS, key))
     if key not in old.index or key not in new.index:
         return {**out, "verdict": V.MISSING, "why": f"only in the {'rerun' if key in new.index else 'committed set'}"}
@@ -210,23 +252,22 @@ def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committe
     changed = replay.settings_diff(replay.run_settings(committed, *key), replay.run_settings(rerun, *key))
     code = pipeline_change(committed, rerun, key)
     changed += [code] if code else []
-    m = measures(n, o) if n["status"] == o["status"] == C.OK else {}
-    if m and all(cals):
+    if n["status"] != o["status"]:
+        return {**out, "verdict": V.STATUS_CHANGED, "why": f"{o['status']} -> {n['status']}",
+                "changed": "; ".join(changed)}
+    if n["status"] != C.OK:
+        return {**out, "verdict": V.REPRODUCED, "why": f"{n['status']} in both", "changed": "; ".join(changed)}
+    m = measures(n, o)
+    if all(cals):
         m["calibration_ratio"], m["bound"] = model_ratio(o, committed, rerun) or bound.predicted_ratio(o, *cals)
-    if m and key[:-1] in spreads:
+    if key[:-1] in spreads:
         m["repeat_spread"] = spreads[key[:-1]]
         tol = {**tol, "throughput_rel": max(tol["throughput_rel"], m["repeat_spread"])}
-    if changed:
-        return {**out, **m, "verdict": V.SETTINGS_CHANGED, "why": "; ".join(changed)}
-    if n["status"] != o["status"]:
-        return {**out, "verdict": V.STATUS_CHANGED, "why": f"{o['status']} -> {n['status']}"}
-    if n["status"] != C.OK:
-        return {**out, "verdict": V.REPRODUCED, "why": f"{n['status']} in both"}
-    word, why = judge(m, m.get("calibration_ratio"), m.get("bound", "no calibration"), tol)
-    return {**out, **m, "verdict": word, "why": why}
+    return {**out, **m, **judge(m, m.get("calibration_ratio"), m.get("bound", "no calibration"), tol,
+                                across_kinds(n, o), changed, judge_kinds)}
 
 
-def compare(rerun: Path, committed: Path, tolerances: dict | None = None) -> pd.DataFrame:
+def compare(rerun: Path, committed: Path, tolerances: dict | None = None, judge_kinds: bool = False) -> pd.DataFrame:
     tol = {**schema.default("verify", "tolerances"), **(tolerances or {})}
     tol, source = recorded_tolerances(committed, tol)
     new, old = rows(rerun), rows(committed)
@@ -234,9 +275,10 @@ def compare(rerun: Path, committed: Path, tolerances: dict | None = None) -> pd.
     keys = list(old.index) + [k for k in new.index if k not in old.index]  # the committed set's order first
     own = repeat_spread(old), repeat_spread(new)
     spreads = {key: max(each.get(key, 0.0) for each in own) for key in {*own[0], *own[1]}}
-    table = pd.DataFrame([row_verdict(k, new, old, rerun, committed, cals, tol, spreads) for k in keys])
+    table = pd.DataFrame([row_verdict(k, new, old, rerun, committed, cals, tol, spreads, judge_kinds)
+                          for k in keys])
     # empty where no row was compared or a set has no calibration
-    for column in ("calibration_ratio", "bound", "repeat_spread"):
+    for column in ("numerics", "performance", "changed", "calibration_ratio", "bound", "repeat_spread"):
         table[column] = table[column] if column in table else None
     table.attrs["tolerances"] = {**tol, "source": source}
     return table
@@ -276,6 +318,8 @@ def main(argv=None):
     ap.add_argument("--rerun", help="the regenerated results_dir")
     ap.add_argument("--against", help="the committed results_dir")
     ap.add_argument("--tolerances", default="{}", help="JSON: loss_abs, memory_rel, throughput_rel")
+    ap.add_argument("--across-kinds", choices=["report", "judge"], default="report",
+                    help="throughput of runs on another device kind: reported beside the prediction, or judged")
     ap.add_argument("--out-dir")
     ap.add_argument("--check", help="a reproduction.csv: print it, exit 1 unless every row passes")
     ap.add_argument("--record-spread", metavar="CSV", help="a reproduction.csv of two runs of the same rows on one "
@@ -291,7 +335,7 @@ def main(argv=None):
     rerun, committed = Path(a.rerun), Path(a.against)
     if not (committed / C.RUNS_TABLE).exists():
         raise SystemExit(f"verify.against: {committed} has no {C.RUNS_TABLE} (not a result set)")
-    table = compare(rerun, committed, json.loads(a.tolerances))
+    table = compare(rerun, committed, json.loads(a.tolerances), judge_kinds=a.across_kinds == "judge")
     write(table, rerun, committed, Path(a.out_dir))
     print((Path(a.out_dir) / "reproduction.md").read_text())
 
