@@ -41,6 +41,16 @@ def test_commit_is_the_projects_own(tmp_path):
     assert state["commit"] is None and "no .git of its own" in state["why"]
 
 
+def test_a_copy_without_git_records_the_commit_it_was_given(tmp_path, monkeypatch):
+    """A copy of the checkout with no .git (as a GPU machine receives it) records PIPELINE_COMMIT and says so."""
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "workflow_scripts", copy / "workflow_scripts")
+    assert provenance.git_state(copy)["commit"] is None
+    monkeypatch.setenv("PIPELINE_COMMIT", "c3d4e5f" + "0" * 33)
+    state = provenance.git_state(copy)
+    assert state["commit"] == "c3d4e5f" + "0" * 33 and state["dirty"] is None and "PIPELINE_COMMIT" in state["why"]
+
+
 def test_the_launcher_starts_the_ranks_without_importing_torch(token_data, tmp_path):
     """Every check before the ranks start (data, platform, predicted memory) runs without torch, whose import cost
     each run 1.1-1.4 s on 2 cores; rank 0 reads the facts that need it (provenance.torch_facts)."""

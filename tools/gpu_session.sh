@@ -15,6 +15,8 @@ if ls .deb/*.deb >/dev/null 2>&1; then
   lib=/tmp/aio/usr/lib/x86_64-linux-gnu
   export CPATH=/tmp/aio/usr/include LIBRARY_PATH=$lib LD_LIBRARY_PATH=$lib:${LD_LIBRARY_PATH:-}
 fi
+# the copy travels without .git: the commit it was made from, written beside it (git rev-parse HEAD > .pipeline_commit)
+[ -f .pipeline_commit ] && export PIPELINE_COMMIT="$(cat .pipeline_commit)"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.csv"
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 timeout "${BUDGET_S:-540}" python3 -m snakemake --cores all --resources timed_runs=1 --keep-going "$@" 2>&1 \

@@ -37,6 +37,9 @@ def git_state(project: Path = PROJECT) -> dict:
     try:
         top = git("rev-parse", "--show-toplevel")
         if not top:
+            given = os.environ.get("PIPELINE_COMMIT")  # a copy of a checkout without its .git (tools/gpu_session.sh)
+            if given:
+                return {"commit": given, "dirty": None, "why": "PIPELINE_COMMIT: a copy of the checkout, no .git"}
             return {"commit": None, "dirty": None, "why": "not a git checkout"}
         if Path(top).resolve() != project.resolve():
             return {"commit": None, "dirty": None, "why": f"the project has no .git of its own (inside {top})"}
