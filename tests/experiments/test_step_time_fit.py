@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_step_time import gpt2_run  # noqa: E402  (tests/ is on the path: its conftest)
 
-from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan import step_time as st
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
@@ -15,12 +15,6 @@ CURVES = {"matmul_bf16": [{"m": 1, "k": 1, "n": 1, "tflops": 100.0}],
                         {"causal": False, "seq": 1, "head_dim": 1, "tflops": 60.0}]}
 
 
-def gpt2_run(**kw) -> st.Run:
-    shape = mm.Shape("gpt2", n_params=100_000, n_layer=1, d=64, ffn=256, kv=64, head_dim=16, vocab=1000)
-    base = dict(shape=shape, family="ddp", zero_stage=0, strategy="ddp", micro_batch=1, accum=1, tokens=32,
-                layout={"dp": 1}, levers="eager", compile_loss=False, checkpointing=False, trainable=100_000,
-                tensors=16)
-    return st.Run(**{**base, **kw})
 
 
 def write(tree, where: str, gpu: str, rows: list) -> None:
