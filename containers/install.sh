@@ -103,8 +103,9 @@ python_rocm() {
 # The CUDA toolkit DeepSpeed compiles with, from PyPI, for the ops step only (into directory $1): the cuda-toolkit
 # release torch's wheel requires (nvcc must match torch's CUDA), its nvcc and CCCL extras. The wheels share one tree
 # (site-packages/nvidia/cu<major>: bin/nvcc, include/, lib/) with the runtime wheels torch already has; CUDA_HOME
-# ($1) is a directory of links to it, plus what the wheels lack: lib64 (where torch's extension builder links),
-# libcudart.so and an empty libcuda.so stub (async_io links -lcuda; the driver's libcuda.so.1 answers at run time).
+# ($1) is a directory of links to it and to the headers of torch's other CUDA wheels (NCCL, cuDNN), plus what the
+# wheels lack: lib64 (where torch's extension builder links), libcudart.so and an empty libcuda.so stub (async_io
+# links -lcuda; the driver's libcuda.so.1 answers at run time).
 # The packages it added, for the step to remove: $1/build-only.txt.
 cuda_toolkit() {
   local home="$1" release tree before
@@ -118,8 +119,10 @@ print(pins[0] if pins else "")')"
   comm -13 <(echo "$before") <(python3 -m pip freeze | sort) | cut -d= -f1 > "$home/build-only.txt"
   tree="$(python3 -c 'import os, nvidia, torch; print(os.path.join(list(nvidia.__path__)[0], "cu" + torch.version.cuda.split(".")[0]))')"
   [ -x "$tree/bin/nvcc" ] || { echo "install.sh: no nvcc in $tree after installing cuda-toolkit[nvcc]==$release" >&2; exit 1; }
-  mkdir -p "$home/lib64"
-  ln -s "$tree/bin" "$tree/include" "$tree/nvvm" "$home/"
+  mkdir -p "$home/lib64" "$home/include"
+  ln -s "$tree/bin" "$tree/nvvm" "$home/"
+  local include  # the toolkit's headers and those of torch's other CUDA wheels (nccl.h: DeepCompile), as links
+  for include in "$tree/include" "$(dirname "$tree")"/*/include; do cp -rsn "$include/." "$home/include/"; done
   ln -s "$tree"/lib/* "$home/lib64/"
   ln -s "$(basename "$tree"/lib/libcudart.so.*)" "$home/lib64/libcudart.so"
   gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$home/lib64/libcuda.so" -x c /dev/null
