@@ -193,7 +193,8 @@ def lever_trial_of(wildcards):
 
 
 def lever_trial_plan(wildcards):
-    """The lever trial's file: its candidates' run specs (workflow_scripts.study.lever_trial_specs)."""
+    """The lever trial's file: its candidates' run specs, the configuration's shape and where decisions are cached
+    (workflow_scripts.study.lever_trial_specs)."""
     w = wildcards
     plan = study.lever_trial_specs(
         config,
@@ -204,9 +205,7 @@ def lever_trial_plan(wildcards):
         ops_for(w),
     )
     specs = {name: spec.to_dict() for name, spec in plan["specs"].items()}
-    return spec_file(
-        json.dumps({"specs": specs, "skipped": plan["skipped"]}, sort_keys=True)
-    )
+    return spec_file(json.dumps({**plan, "specs": specs}, sort_keys=True))
 
 
 def published_run_spec(wildcards):

@@ -184,7 +184,7 @@ def lever_run(config: dict, lever: dict) -> tuple[str, dict]:
 
 def lever_trial_path(config: dict, model: str, strategy: str, layout: str) -> str | None:
     """Where the lever trial of a configuration writes its verdict (rule lever_trial), if the study measures."""
-    if (config.get("auto_levers") or {}).get("by") != "measurement":
+    if levers.decided_by(config.get("auto_levers"), config["platform"], config["nodes"]) != "measurement":
         return None
     return f"{config['results_dir']}/{C.LEVER_TRIAL.format(model=model, strategy=strategy, layout=layout)}"
 
@@ -194,16 +194,29 @@ def lever_trial_root(config: dict, model: str, strategy: str, layout: str) -> st
     return f"{config['work_dir']}/lever_trial/{model}/{strategy}/{layout}"
 
 
+# train settings that leave a step's speed as it is: a cached lever decision holds across them (the levers
+# themselves are the candidates')
+NOT_SHAPE = ("seed", "epochs", "max_steps", "max_train_samples", "lr", "min_lr", "lr_warmup_steps", "weight_decay",
+             "betas", "eps", "timing_warmup_steps", "log_every", "eval_batches", "checkpoint_every", "tensorboard",
+             "fault_injection", "micro_batch_size", "grad_accum", "compile_auto", "lever_trial", *levers.TRIAL_KEYS)
+
+
 def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, overrides: dict,
                       ops: list) -> dict:
-    """The lever trial of one configuration: {"specs": {candidate: RunSpec}, "skipped": {candidate: why}}. Each
-    spec is the configuration's repeat 0 with the candidate's levers, `auto_levers.steps` timed steps, no checkpoints,
-    no sampler and no traces; results and scratch under work_dir/lever_trial (not results: the verdict is)."""
+    """The lever trial of one configuration: {"specs": {candidate: RunSpec}, "skipped": {candidate: why},
+    "shape": ..., "cache": auto_levers.cache}. Each spec is the configuration's repeat 0 with the candidate's levers,
+    `auto_levers.steps` timed steps, no checkpoints, no sampler and no traces; results and scratch under
+    work_dir/lever_trial (not results: the verdict is). `shape`: what a cached decision is keyed by besides the
+    machine (job/lever_trial.py): the model and its overrides, the strategy and its options, the layout, precision,
+    the micro-batch split, the sample's size (tokens, or the image's side), the train settings that change a step's
+    speed (all but NOT_SHAPE) and the candidates."""
     cfg = config["auto_levers"]
     train = {**config["train"], **overrides}
-    names, skipped = levers.trial_candidates(cfg["candidates"], config["platform"], layout.data_only,
-                                             MODELS[model].family, train)
     root = lever_trial_root(config, model, strategy, layout.key)
+    one = resolve(config, model, strategy, layout, 0, overrides, out_dir=root, work_dir=root, ops=ops)
+    names, skipped = levers.trial_candidates(cfg["candidates"], config["platform"], layout.data_only,
+                                             MODELS[model].family, train,
+                                             block_flops(config, model, one.micro_batch, layout.degrees()))
     steps = {"max_steps": train["timing_warmup_steps"] + cfg["steps"], "checkpoint_every": 0,
              "log_every": max(1, cfg["steps"]), "eval_batches": 1}
     specs = {}
@@ -211,7 +224,14 @@ def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, o
         spec = resolve(config, model, strategy, layout, 0, {**overrides, **settings, **steps},
                        out_dir=f"{root}/{name}", work_dir=f"{root}/{name}/work", ops=ops)
         specs[name] = spec.replace(sampler={**spec.sampler, "backend": "none"}, profile=None, trace_dir=None)
-    return {"specs": specs, "skipped": skipped}
+    vision = model_spec(model, (config.get("model_overrides") or {}).get(model)).vision
+    sample = {"image_size": config["images"]["image_size"]} if vision else {"tokens": config["data"]["block_size"]}
+    shape = {"model": model, "model_overrides": one.model_overrides, "strategy": strategy, "options": one.options,
+             "layout": one.layout, "nodes": one.nodes, "platform": one.platform, "precision": one.precision,
+             "batch": one.batch, "sample": sample, "substitutions": one.substitutions,
+             "train": {k: v for k, v in sorted(one.train.items()) if k not in NOT_SHAPE},
+             "candidates": names, "skipped": sorted(skipped)}
+    return {"specs": specs, "skipped": skipped, "shape": shape, "cache": cfg.get("cache", "auto")}
 
 
 def block_flops(config: dict, model: str, micro_batch: int, layout: dict, seq_len: int | None = None) -> float:

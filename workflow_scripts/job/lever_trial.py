@@ -12,6 +12,13 @@ the warm-up steps, so it counts for nothing; each candidate's wall time is recor
 Where no candidate finishes, the choice is eager (the settings every strategy runs), said so in `why`. A candidate
 stopped by SIGTERM (the workflow stopping: training/graceful_stop.py) ends the trial there, without a verdict.
 
+A decision is cached (config `auto_levers.cache`: the machine's cache, `lever_decisions/<key>.json`), keyed by the
+configuration's shape (the trial file's `shape`: study.lever_trial_specs) and the machine: the device model (the
+GPUs' names; on CPU the CPU's model) and the versions of torch, its CUDA / ROCm, DeepSpeed, transformers and
+Python. A trial whose key is there launches no candidate: it writes the cached decision, its `why` saying `cached`
+and the device it was measured on. Another device or another version is another key; a trial where no candidate
+finished is not cached.
+
     python -m workflow_scripts.job.lever_trial --trial <trial file> --out <verdict> --log <job log>
 
 The trial file (study.lever_trial_specs, written by rules/common.smk) holds each candidate's run spec; a failed
@@ -20,7 +27,10 @@ trial's own output is its error in two lines, the rest in its log (job/job_log.p
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import platform as py
 import subprocess
 import sys
 import time
@@ -128,6 +138,111 @@ def read_trial(path: str) -> tuple[dict[str, RunSpec], dict[str, str]]:
     return specs, plan["skipped"]
 
 
+# ---------------------------------------------------------------- the decision cache
+def machine(platform: str, world_size: int = 1) -> dict:
+    """What a decision holds on besides the configuration: the device model and the software versions. On CPU
+    torch is not imported (a cached decision is read in well under a second)."""
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    facts = {name: version(name) for name in ("torch", "deepspeed", "transformers")}
+    facts["python"] = py.python_version()
+    if platform == "cpu":
+        from workflow_scripts.measure.machine import cpu_model
+
+        return {"device": f"cpu: {cpu_model() or py.machine()}", **facts, "accelerator": "none"}
+    import torch
+
+    names = [torch.cuda.get_device_name(i) for i in range(min(world_size, torch.cuda.device_count()))]
+    accelerator = f"hip {torch.version.hip}" if torch.version.hip else f"cuda {torch.version.cuda}"
+    return {"device": " + ".join(dict.fromkeys(names)) or "no GPU visible", **facts, "accelerator": accelerator}
+
+
+def decision_key(shape: dict, facts: dict) -> str:
+    """The cache key of a decision: a hash of the configuration's shape and the machine's facts."""
+    text = json.dumps({"shape": shape, "machine": facts}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def cache_dir(setting: str | None) -> Path | None:
+    """Where decisions are kept (config auto_levers.cache): `auto` the machine's cache, `off` none, else the
+    directory."""
+    if setting == "off":
+        return None
+    if setting in (None, "auto"):
+        return Path(levers.machine_cache()) / "lever_decisions"
+    return Path(setting)
+
+
+def cached(directory: Path | None, key: str) -> dict | None:
+    """The decision stored under `key`, if any (an unreadable entry is a miss)."""
+    path = directory / f"{key}.json" if directory else None
+    if path is None or not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def store(directory: Path | None, key: str, shape: dict, facts: dict, result: dict) -> Path | None:
+    """Keep a measured decision (written whole or not at all; a cache that cannot be written loses only the
+    shortcut)."""
+    if directory is None or not any(r["status"] == RunStatus.OK for r in result["candidates"]):
+        return None
+    path = directory / f"{key}.json"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**result, "key": key, "shape": shape, "machine": facts}, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(f"lever decision not cached ({exc})", flush=True)
+        return None
+    return path
+
+
+def replayed(entry: dict, key: str) -> dict:
+    """A trial's result from a cached decision: its choice, candidates and skips as measured, `why` saying so."""
+    ok = [r for r in entry["candidates"] if r["status"] == RunStatus.OK and r["tokens_per_s"]]
+    speeds = ", ".join(f"{r['candidate']} {r['tokens_per_s']:,.0f}" for r in ok)
+    facts = entry["machine"]
+    why = (f"measured: {entry['chosen']} (cached: {key[:12]}, measured on {facts['device']} with torch "
+           f"{facts['torch']}, DeepSpeed {facts['deepspeed']}; tokens/s: {speeds})")
+    return {"chosen": entry["chosen"], "chosen_train": entry["chosen_train"], "why": why,
+            "candidates": entry["candidates"], "skipped": entry["skipped"],
+            "cache": {"key": key, "hit": True, "measured_why": entry["why"]}}
+
+
+def decide(plan_path: str) -> dict:
+    """The trial's result: the cached decision of this shape on this machine, else a trial of every candidate
+    (kept in the cache). `decided_s`: the seconds deciding took."""
+    started = time.time()
+    plan = json.loads(Path(plan_path).read_text())
+    specs, skipped = read_trial(plan_path)
+    shape = plan.get("shape")
+    directory = cache_dir(plan.get("cache")) if shape else None
+    key = entry = None
+    if directory is not None:
+        first = next(iter(specs.values()), None)
+        facts = machine(first.platform if first else shape["platform"], first.world_size if first else 1)
+        key = decision_key(shape, facts)
+        entry = cached(directory, key)
+    if entry is not None:
+        print(f"lever decision cached: {directory / (key + '.json')}; no candidate launched", flush=True)
+        return {**replayed(entry, key), "decided_s": round(time.time() - started, 3)}
+    result = trial(specs, skipped)
+    if key is not None:
+        path = store(directory, key, shape, facts, result)
+        result["cache"] = {"key": key, "hit": False, "stored": str(path) if path else None}
+    return {**result, "decided_s": round(time.time() - started, 1)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trial", required=True,
@@ -137,7 +252,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     shown = job_log.redirect(a.log)
     try:
-        result = trial(*read_trial(a.trial))
+        result = decide(a.trial)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
         print(result["why"], flush=True)

@@ -15,13 +15,19 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
   of materialising an fp32 copy of the (batch x sequence x vocabulary) logits and their gradient.
 
 Both default to `auto` (resolve, called when the study resolves a run spec), decided by a rule or by a measurement
-(config `auto_levers.by`). The rule: on a GPU platform they are on, the fast path; off on CPU (compilation costs
+(config `auto_levers.by`, decided_by: its default `auto` measures on a one-node GPU study, keeps the rule on CPU). The
+rule: on a GPU platform they are on, the fast path; off on CPU (compilation costs
 more than it saves there), where a block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is
 host-bound there), under layout dimensions whose compiled runs were not checked on a GPU yet
 (parallel.Dimension.compiled_on_gpu), and for MoE models (grouped_mm experts). The measurement: before a
 configuration's timed repeats, a few steps of each candidate lever set (CANDIDATES, whole-model compile and CUDA
 graphs among them) on the study's own machine and shape (rule lever_trial, job/lever_trial.py); the launcher
-applies the fastest (apply_trial). Either way the run spec records what the run does and why (`compile_auto`).
+applies the fastest (apply_trial). A trial's decision is kept in the machine's cache (machine_cache()/lever_decisions,
+keyed by the device, the software versions and the configuration's shape: job/lever_trial.py), so a second study of
+the same shapes on the same machine and versions decides without a trial; candidates the rule knows cannot win are
+left out (trial_candidates). The trial and the timed runs compile into the same on-disk inductor and Triton caches
+(compile_caches), so a timed run loads what its trial compiled. Either way the run spec records what the run does and
+why (`compile_auto`).
 `true` / `false` force them. `train.compile_mode` is torch.compile's mode for all of them (e.g.
 max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of compilation). What a run used is recorded in its
 `strategy_settings.json` under `harness`. A family's capabilities (vision, MoE) are its models' fields
@@ -52,6 +58,41 @@ TRIAL_KEYS = ("compile_blocks", "compile_loss", "compile_model", "compile_mode")
 # autograd wrapper) outweighs what fusion saves: GPT-2-medium on one H100, interleaved, micro-batch 4 (1.0e11 FLOP)
 # compiled 0.85x eager, micro-batch 16 (4.1e11) 1.9x (benchmarks/2026-11-24-compile-regimes-h100.md).
 MIN_BLOCK_FLOPS = 2.0e11
+
+
+GPU_PLATFORMS = ("cuda", "rocm")
+
+
+def decided_by(auto_levers: dict | None, platform: str, nodes: int = 1) -> str:
+    """What a study's `auto` levers are decided by, `rule` or `measurement` (config auto_levers.by): its default
+    `auto` measures on a GPU platform, where the fastest lever set depends on the machine, and keeps the rule on CPU
+    (compilation does not pay there: no trial is added to a CPU study) and on several nodes (the trial runs on one)."""
+    by = (auto_levers or {}).get("by", "auto")
+    if by != "auto":
+        return by
+    return "measurement" if platform in GPU_PLATFORMS and int(nodes) == 1 else "rule"
+
+
+def machine_cache() -> str:
+    """The machine's cache of the pipeline, shared by every clone and study: `$PIPELINE_CACHE`, else
+    `$XDG_CACHE_HOME` or `~/.cache`, + `/dist-train-studies`."""
+    import os
+
+    return os.environ.get("PIPELINE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dist-train-studies")
+
+
+def compile_caches() -> dict:
+    """Point inductor's and Triton's on-disk caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) into the machine's
+    cache where the environment names none, before anything compiles: a lever trial's candidates and the timed runs
+    after them (another job, maybe another container) load the same compiled graphs and kernels instead of compiling
+    again. Both caches key their entries by the graph, the torch version and the device themselves."""
+    import os
+
+    base = machine_cache()
+    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        os.environ.setdefault(var, os.path.join(base, sub))
+    return {var: os.environ[var] for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
 
 
 def auto_compile(platform: str, layout: dict | None, family: str, block_flops: float) -> tuple[bool, str]:
@@ -97,16 +138,21 @@ def trial_decides(train: dict) -> bool:
 
 
 def trial_candidates(names: list[str], platform: str, data_only: bool, family: str,
-                     train: dict) -> tuple[dict, dict]:
-    """The candidates a configuration can run ({name: lever settings}) and those it cannot ({name: why}): CUDA
-    graphs need a GPU; the whole-model compile data-parallel layouts (config_check) and not the chunked loss; a
-    ViT's loss and the chunked loss have nothing to compile (the candidate is the one without it)."""
+                     train: dict, block_flops: float | None = None) -> tuple[dict, dict]:
+    """The candidates a configuration can run ({name: lever settings}) and those it cannot or that cannot win
+    ({name: why}): CUDA graphs need a GPU; compiled blocks do not pay below MIN_BLOCK_FLOPS per block call
+    (`block_flops`, study.block_flops: the whole-model compile, a few regions per step, is the candidate there); the
+    whole-model compile takes data-parallel layouts (config_check) and not the chunked loss; a ViT's loss and the
+    chunked loss have nothing to compile (the candidate is the one without it)."""
     run, skip = {}, {}
     no_loss = FAMILIES[family].vision or bool(train.get("chunked_loss"))
     for name in names:
         keys = {**CANDIDATES[name], **({"compile_loss": False} if no_loss else {})}
         if keys["compile_mode"] == "reduce-overhead" and platform == "cpu":
             skip[name] = "CUDA graphs need a GPU"
+        elif keys["compile_blocks"] and block_flops is not None and block_flops < MIN_BLOCK_FLOPS:
+            skip[name] = (f"{block_flops:.1e} FLOP per block call < {MIN_BLOCK_FLOPS:.0e}: compiled blocks cost more "
+                          "per call than they save")
         elif keys["compile_model"] and not data_only:
             skip[name] = "the whole-model compile takes data-parallel layouts only"
         elif keys["compile_model"] and train.get("chunked_loss"):
@@ -154,6 +200,7 @@ def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
     are left to the whole-model compile (apply_to_engine)."""
     whole = train.get("compile_model") is True
     blocks = train.get("compile_blocks") is True and not whole  # resolved by the run spec; "auto" compiles nothing
+    compile_caches()  # whatever compiles in this run (the levers, a strategy's own compiler) shares the caches
     mode = train.get("compile_mode", "default")
     extra = strategy.compile_blocks(model, mode) if blocks else {}
     return {**extra, "compile_blocks": blocks, "compile_model": whole,

@@ -1,0 +1,146 @@
+"""Measured `auto` levers decided once per machine: the lever trial's decision cache (job/lever_trial.py), the
+candidates a trial leaves out, and what `auto_levers.by: auto` resolves to on each platform. No candidate trains
+here (the launcher is replaced by one that returns a summary); the default study's measured trials run for real in
+test_outputs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import REPO
+
+from workflow_scripts import study
+from workflow_scripts.job import lever_trial
+from workflow_scripts.status import RunStatus
+from workflow_scripts.training import levers
+from workflow_scripts.training.layout import Layout
+
+
+def config(tmp_path, platform="cpu", **changes) -> dict:
+    from snakemake.utils import update_config
+
+    from workflow_scripts import config_check
+
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    update_config(cfg, {"platform": platform, "results_dir": str(tmp_path / "r"), "work_dir": str(tmp_path / "w"),
+                        "auto_levers": {"cache": str(tmp_path / "cache")}})
+    update_config(cfg, changes)
+    config_check.validate_study(cfg, str(REPO / "schemas/config.schema.yaml"), planning=True)
+    return cfg
+
+
+def plan_file(cfg, tmp_path, name="plan.json", model="gpt2-tiny", strategy="ddp", world=2, overrides=None) -> str:
+    """The trial file rule lever_trial reads (rules/common.smk lever_trial_plan)."""
+    plan = study.lever_trial_specs(cfg, model, strategy, Layout.data_parallel(world), overrides or {}, [])
+    path = tmp_path / name
+    path.write_text(json.dumps({**plan, "specs": {k: s.to_dict() for k, s in plan["specs"].items()}}))
+    return str(path)
+
+
+SPEED = {"eager": 1000.0, "loss": 1500.0, "blocks": 1200.0, "model": 1300.0}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Every candidate the trial launches, each finishing at its SPEED."""
+    started = []
+
+    def launch(spec):
+        name = spec.out_dir.rsplit("/", 1)[1]
+        started.append(name)
+        return {"status": RunStatus.OK, "tokens_per_s": SPEED[name], "mfu": None, "peak_allocated_bytes": 2**30,
+                "final_loss": 5.0}
+
+    monkeypatch.setattr(lever_trial, "run_launcher", launch)
+    return started
+
+
+def test_a_second_trial_of_the_same_shape_launches_nothing_and_decides_the_same(tmp_path, launches):
+    cfg = config(tmp_path, auto_levers={"candidates": ["eager", "loss", "model_graphs"]})
+    first = lever_trial.decide(plan_file(cfg, tmp_path))
+    assert launches == ["eager", "loss"] and first["chosen"] == "loss"  # 1500 > 1000 tokens/s
+    assert first["why"].startswith("measured: loss fastest") and first["cache"]["hit"] is False
+    # another study (other results, other steps and seed) of the same shape on this machine
+    other = config(tmp_path / "b", auto_levers={"candidates": ["eager", "loss", "model_graphs"], "steps": 3,
+                                               "cache": cfg["auto_levers"]["cache"]},
+                   train={"seed": 7, "max_steps": 50})
+    second = lever_trial.decide(plan_file(other, tmp_path, "second.json"))
+    assert launches == ["eager", "loss"]  # no candidate launched again
+    assert second["chosen"] == "loss" and second["chosen_train"] == first["chosen_train"]
+    assert second["why"].startswith(f"measured: loss (cached: {first['cache']['key'][:12]}, measured on cpu: ")
+    assert "eager 1,000, loss 1,500" in second["why"] and second["cache"]["measured_why"] == first["why"]
+    assert second["candidates"] == first["candidates"] and second["decided_s"] < 1.0
+    # the run reads the cached decision as it reads a measured one
+    out = tmp_path / "levers.json"
+    out.write_text(json.dumps(second))
+    applied = levers.apply_trial({"compile_blocks": "auto", "compile_loss": "auto", "lever_trial": str(out)})
+    assert applied["compile_loss"] is True and applied["compile_blocks"] is False
+    assert "cached" in applied["compile_auto"]
+
+
+def test_another_micro_batch_or_other_versions_or_device_is_another_decision(tmp_path, launches):
+    cfg = config(tmp_path, auto_levers={"candidates": ["eager", "loss"]})
+    lever_trial.decide(plan_file(cfg, tmp_path))
+    assert launches == ["eager", "loss"]
+    lever_trial.decide(plan_file(cfg, tmp_path, "mb4.json", overrides={"micro_batch_size": 4}))
+    assert launches == ["eager", "loss"] * 2  # measured again
+    shape = json.loads((tmp_path / "plan.json").read_text())["shape"]
+    facts = lever_trial.machine("cpu")
+    key = lever_trial.decision_key(shape, facts)
+    for change in ({"torch": "0.0.1"}, {"deepspeed": "0.0.1"}, {"transformers": "0.0.1"},
+                   {"accelerator": "cuda 99.0"}, {"device": "another CPU"}):
+        assert lever_trial.decision_key(shape, {**facts, **change}) != key, change
+    assert lever_trial.cached(lever_trial.cache_dir(cfg["auto_levers"]["cache"]), key) is not None
+    # precision, checkpointing, sequence, layout: each its own shape
+    for name, changes in (("bf16", {"train": {"precision": "bf16-mixed"}}),
+                          ("ckpt", {"train": {"gradient_checkpointing": True}}),
+                          ("seq", {"data": {"block_size": 64}})):
+        other = json.loads((tmp_path / "plan.json").read_text())["shape"]
+        again = json.loads(open(plan_file(config(tmp_path / name, **changes), tmp_path, f"{name}.json")).read())
+        assert again["shape"] != other, name
+    assert lever_trial.cache_dir("off") is None
+
+
+def test_a_trial_records_the_candidates_it_leaves_out_and_why(tmp_path, launches):
+    """On CPU CUDA graphs cannot run; gpt2-tiny's block call (2 x 12 x 128^2 weights x 8 x 128 tokens = 4.0e8
+    FLOP) is far below MIN_BLOCK_FLOPS: compiled blocks cannot win; on a GPU at GPT-2-medium micro-batch 4 (2 x 12
+    x 1024^2 x 4 x 1024 = 1.0e11) neither, at 16 (4.1e11) they run."""
+    cfg = config(tmp_path)
+    result = lever_trial.decide(plan_file(cfg, tmp_path))
+    assert launches == ["eager", "loss", "model"]
+    assert result["skipped"]["model_graphs"] == "CUDA graphs need a GPU"
+    assert result["skipped"]["blocks"].startswith("4.0e+08 FLOP per block call < 2e+11")
+    assert "blocks not run (4.0e+08 FLOP" in result["why"]
+    gpu = config(tmp_path, platform="cuda", world_sizes=[1], models=["gpt2-medium"], data={"block_size": 1024})
+    mb4 = study.lever_trial_specs(gpu, "gpt2-medium", "zero2", Layout.data_parallel(1), {"micro_batch_size": 4}, [])
+    assert list(mb4["specs"]) == ["eager", "loss", "model", "model_graphs"] and "1.0e+11" in mb4["skipped"]["blocks"]
+    mb16 = study.lever_trial_specs(gpu, "gpt2-medium", "zero2", Layout.data_parallel(1), {"micro_batch_size": 16},
+                                   [])
+    assert "blocks" in mb16["specs"] and not mb16["skipped"]
+
+
+def test_auto_measures_on_one_gpu_node_and_keeps_the_rule_on_cpu(tmp_path):
+    schema = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())["properties"]["auto_levers"]
+    assert schema["properties"]["by"]["default"] == "auto"
+    assert levers.decided_by({}, "cpu") == "rule"
+    assert levers.decided_by({}, "cuda") == levers.decided_by({"by": "auto"}, "rocm") == "measurement"
+    assert levers.decided_by({"by": "auto"}, "cuda", nodes=2) == "rule"  # the trial runs on one node
+    assert levers.decided_by({"by": "rule"}, "cuda") == "rule"
+    assert levers.decided_by({"by": "measurement"}, "cpu") == "measurement"
+    # a study's run specs: on CPU the rule's decision, no trial; on cuda the trial's file
+    cpu = study.resolve(config(tmp_path), "gpt2-tiny", "ddp", 2, 0, {}, "o", "w", [], measured=True)
+    assert cpu.train["compile_blocks"] is False and "lever_trial" not in cpu.train
+    gpu = study.resolve(config(tmp_path, platform="cuda", world_sizes=[1]), "gpt2-tiny", "ddp", 1, 0, {}, "o", "w",
+                        [], measured=True)
+    assert gpu.train["lever_trial"].endswith("levers/gpt2-tiny/ddp/ws1.json")
+    ruled = config(tmp_path, platform="cuda", world_sizes=[1], auto_levers={"by": "rule"})
+    assert "lever_trial" not in study.resolve(ruled, "gpt2-tiny", "ddp", 1, 0, {}, "o", "w", [], measured=True).train
+
+
+def test_every_run_compiles_into_the_machines_inductor_and_triton_caches(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")  # one the environment names stays
+    assert levers.compile_caches() == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                                       "TRITON_CACHE_DIR": "/elsewhere"}
