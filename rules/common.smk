@@ -187,8 +187,8 @@ def run_spec(wildcards):
 
 
 def lever_trial_of(wildcards):
-    """The lever trial a run reads its `auto` levers from (config auto_levers.by: measurement), if any: the run
-    spec names it, so a replayed or forced decision needs none."""
+    """The lever trial a run reads its `auto` levers from (measured: config auto_levers.by, levers.decided_by), if
+    any: the run spec names it, so a replayed or forced decision needs none."""
     return fair_spec(wildcards).train.get("lever_trial") or []
 
 

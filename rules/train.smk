@@ -16,8 +16,9 @@ rule build_op:
         "--op {wildcards.op} --platform {params.platform} --out {output} > {log} 2>&1"
 
 
-# Measured `auto` levers (config auto_levers.by: measurement): one trial per configuration before its repeats, each
-# candidate lever set a few steps on this machine (workflow_scripts/job/lever_trial.py); the runs read the verdict.
+# Measured `auto` levers (config auto_levers.by; its default measures on one GPU node): one trial per configuration
+# before its repeats, each candidate lever set a few steps on this machine, or the decision cached for this shape,
+# device and software (workflow_scripts/job/lever_trial.py); the runs read the verdict.
 rule lever_trial:
     input:
         train=DATA["train"],

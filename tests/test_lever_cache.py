@@ -92,6 +92,8 @@ def test_another_micro_batch_or_other_versions_or_device_is_another_decision(tmp
                    {"accelerator": "cuda 99.0"}, {"device": "another CPU"}):
         assert lever_trial.decision_key(shape, {**facts, **change}) != key, change
     assert lever_trial.cached(lever_trial.cache_dir(cfg["auto_levers"]["cache"]), key) is not None
+    gpu = lever_trial.machine("cuda")  # read in a child process: here no GPU, torch's CUDA build none
+    assert gpu["accelerator"].startswith("cuda ") and gpu["device"] != facts["device"]
     # precision, checkpointing, sequence, layout: each its own shape
     for name, changes in (("bf16", {"train": {"precision": "bf16-mixed"}}),
                           ("ckpt", {"train": {"gradient_checkpointing": True}}),

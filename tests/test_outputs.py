@@ -14,7 +14,8 @@ SECRETS = {"HF_TOKEN": "hf_" + "s3cretvalue" * 4, "WANDB_API_KEY": "wandbkey" * 
 # the default study's data settings: its prepared data is shared (study.data_dir), nothing prepared again
 REPEATS = {"results_dir": "results/repeats", "work_dir": "work/repeats", "strategies": ["ddp", "fsdp"], "repeats": 2,
            "train": {"max_steps": 8, "tensorboard": True},
-           "auto_levers": {"by": "measurement", "candidates": ["eager", "loss", "model_graphs"], "steps": 2}}
+           "auto_levers": {"by": "measurement", "candidates": ["eager", "loss", "model_graphs"], "steps": 2,
+                           "cache": "work/lever_decisions"}}  # this study's own: its first trial measures
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,28 @@ def test_measured_levers_are_the_trials_fastest_and_every_repeat_runs_them(repea
             row = runs.loc[(strategy, repeat)]
             assert bool(row.compile_loss) == (trial["chosen"] == "loss") and not row.compile_blocks
             assert row.compile_auto == trial["why"] and row.compile_auto.startswith(f"measured: {trial['chosen']}")
+
+
+def test_a_second_study_of_the_same_shapes_reads_the_cached_decisions_without_a_trial(default_study, repeated):
+    """Another study (its own results and scratch, other steps) of the same configurations on this machine: each
+    lever_trial job writes the first study's decision from the cache, no candidate launched, in well under a
+    second, and says so."""
+    args = overlay(default_study, "repeats_cached", **{**REPEATS, "results_dir": "results/repeats-cached",
+                                                       "work_dir": "work/repeats-cached",
+                                                       "train": {**REPEATS["train"], "max_steps": 6}})
+    targets = [f"results/repeats-cached/levers/gpt2-tiny/{s}/ws2.json" for s in REPEATS["strategies"]]
+    snakemake(default_study, *targets, *args)
+    for strategy, target in zip(REPEATS["strategies"], targets):
+        first = json.loads((repeated / f"levers/gpt2-tiny/{strategy}/ws2.json").read_text())
+        again = json.loads((default_study / target).read_text())
+        assert again["chosen_train"] == first["chosen_train"] and again["candidates"] == first["candidates"]
+        assert again["cache"] == {"key": first["cache"]["key"], "hit": True, "measured_why": first["why"]}
+        assert again["why"].startswith(f"measured: {first['chosen']} (cached: {first['cache']['key'][:12]}, "
+                                       "measured on cpu: ")
+        assert again["decided_s"] < 1.0 < first["decided_s"]
+        assert not (default_study / "work/repeats-cached/lever_trial").exists()  # no candidate's folder
+        log = (default_study / f"results/repeats-cached/logs/levers/gpt2-tiny/{strategy}/ws2.log").read_text()
+        assert "lever decision cached" in log and "no candidate launched" in log
 
 
 def test_a_verification_rerun_replays_the_measured_levers_without_a_trial(default_study, repeated):

@@ -139,6 +139,15 @@ def read_trial(path: str) -> tuple[dict[str, RunSpec], dict[str, str]]:
 
 
 # ---------------------------------------------------------------- the decision cache
+# the GPUs a trial's ranks use and torch's CUDA / ROCm, read in a child process: the trial's own process holds no
+# device context while its candidates run
+GPU_FACTS = """import json, sys, torch
+n = min(int(sys.argv[1]), torch.cuda.device_count())
+print(json.dumps({"names": [torch.cuda.get_device_name(i) for i in range(n)],
+                  "accelerator": f"hip {torch.version.hip}" if torch.version.hip else f"cuda {torch.version.cuda}"}))
+"""
+
+
 def machine(platform: str, world_size: int = 1) -> dict:
     """What a decision holds on besides the configuration: the device model and the software versions. On CPU
     torch is not imported (a cached decision is read in well under a second)."""
@@ -156,11 +165,11 @@ def machine(platform: str, world_size: int = 1) -> dict:
         from workflow_scripts.measure.machine import cpu_model
 
         return {"device": f"cpu: {cpu_model() or py.machine()}", **facts, "accelerator": "none"}
-    import torch
-
-    names = [torch.cuda.get_device_name(i) for i in range(min(world_size, torch.cuda.device_count()))]
-    accelerator = f"hip {torch.version.hip}" if torch.version.hip else f"cuda {torch.version.cuda}"
-    return {"device": " + ".join(dict.fromkeys(names)) or "no GPU visible", **facts, "accelerator": accelerator}
+    out = subprocess.run([sys.executable, "-c", GPU_FACTS, str(world_size)], check=True, capture_output=True,
+                         text=True).stdout
+    gpus = json.loads(out.strip().splitlines()[-1])
+    return {"device": " + ".join(dict.fromkeys(gpus["names"])) or "no GPU visible", **facts,
+            "accelerator": gpus["accelerator"]}
 
 
 def decision_key(shape: dict, facts: dict) -> str:
