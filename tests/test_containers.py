@@ -63,7 +63,7 @@ def parse_def(platform: str) -> tuple[dict, dict]:
     return header, sections
 
 
-# ------------------------------------------------------------------ recipes: containers/install.sh, run by every builder
+# ---------------------------------------------------------- recipes: containers/install.sh, run by every builder
 def install_script() -> str:
     return (REPO / "containers/install.sh").read_text()
 

@@ -33,7 +33,8 @@ def build(*args, check=True) -> subprocess.CompletedProcess:
     done = subprocess.run(["bash", "containers/build.sh", "--engine", "podman", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=1800)
     if check and done.returncode:
-        raise AssertionError(f"containers/build.sh {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise AssertionError(f"containers/build.sh {' '.join(args)} failed:\n"
+                             f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done
 
 
