@@ -64,7 +64,7 @@ def run(spec: dict) -> dict:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, int(t.get("threads_per_rank", 1))))
-    ctx = from_spec({**spec, "world_size": 1, "layout": None}, 0, 0, 1, device)
+    ctx = from_spec({**spec, "world_size": 1, "layout": {"dp": 1}}, 0, 0, 1, device)  # one device, pure data
     data, blocks, _, vocab = load_data(spec)
     seq_len = data["block_size"]
     torch.manual_seed(t["seed"])

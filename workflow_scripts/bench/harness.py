@@ -71,6 +71,14 @@ def ceiling_spec(config: dict, out: Path, r: int) -> dict:
     return {**spec, "ceiling": config["bench"]["ceiling"]}
 
 
+BASELINE_KEYS = ("trainer_setting", "ceiling")  # what a baseline's spec adds to the run spec it is built from
+
+
+def run_part(spec: dict) -> dict:
+    """The run spec inside a baseline's spec (without the keys only the Trainer or the ceiling read)."""
+    return {k: v for k, v in spec.items() if k not in BASELINE_KEYS}
+
+
 def run_module(module: str, spec: dict, summary: str, attempts: int = 1) -> dict:
     """A baseline (the Trainer under torchrun, or the ceiling in one process); a failed attempt is retried up to
     `attempts` times (it starts from scratch: no checkpoint), each attempt's output kept in <module>.attempt<N>.log,
@@ -79,7 +87,7 @@ def run_module(module: str, spec: dict, summary: str, attempts: int = 1) -> dict
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec['world_size']}",
            "-m", f"workflow_scripts.bench.{module}", "--spec", str(path)]
     for attempt in range(1, attempts + 1):
-        code, tail = run_logged(cmd, path.parent / f"{module}.attempt{attempt}.log", env=environment(spec))
+        code, tail = run_logged(cmd, path.parent / f"{module}.attempt{attempt}.log", env=environment(run_part(spec)))
         result = outcome(code, tail, Path(spec["out_dir"]) / summary, module)
         if result.get("status") in (C.OK, "unavailable"):
             break
