@@ -19,6 +19,10 @@ TUTORIAL_CLAIMED = [{"models": ["gpt2-medium"], "strategies": ["ddp", "zero1", "
                      "train": {"micro_batch_size": 2}}]
 
 
+STUDY_FIGURES = {"calibration", "loss_curves", "memory_timeline", "memory_vs_throughput", "peak_memory", "phases",
+                 "throughput", "time_per_epoch"}
+
+
 @pytest.mark.parametrize("study, extra, expected_runs", [
     ("gpt2_tutorial", {"groups": TUTORIAL_CLAIMED}, 5),
     ("traces", {"repeats": 1, "strategies": ["fsdp"]}, 1),  # a DDP trace: test_traces.py's GPU fixture
@@ -44,11 +48,9 @@ def test_study_runs_offline_on_cpu(default_study, study, extra, expected_runs):
         assert_traced(wd, results, runs)
     if study == "vit":
         assert_vision(runs)
-    from workflow_scripts.report import figure_registry
-
-    effective = yaml.safe_load((wd / results / "config.effective.yaml").read_text())
-    made = {p.name for p in (wd / results / "figures").iterdir()}
-    assert made == {f.rsplit("/", 1)[1] for f in figure_registry.study_files(effective, results)}  # only with data
+    # only the figures a CPU study of one world size and layout per model has data for: no MFU, scaling or layouts
+    made = {p.stem for p in (wd / results / "figures").glob("*.png")}
+    assert made == STUDY_FIGURES | {"gpt2_tutorial": {"claims"}, "traces": {"traces"}, "vit": {"accuracy"}}[study]
 
 
 @pytest.mark.parametrize("study, extra, expected", [
