@@ -1,7 +1,7 @@
 """One training job: checks, the VRAM sampler, torchrun with one process per rank, and the run's result row.
 
     python -m workflow_scripts.job.launch --spec <run spec file> --log <job log>   (what rules/train.smk runs)
-    python -m workflow_scripts.job.launch --spec results/.../run_spec.json          (rerun a saved run by hand)
+    python -m workflow_scripts.job.launch --spec <results_dir>/runs/.../run_spec.json  (rerun a saved run by hand)
 
 The spec (workflow_scripts/run_spec.py) says everything the run is; the launcher reads its fields and decides only
 what needs this machine: the lever trial's verdict (measured `auto` levers), whether the strategy can run here,
