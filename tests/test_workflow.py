@@ -122,7 +122,7 @@ def config_error(override: dict) -> str:
 
 
 # lowest first: a package imports only those before it (the house's arrows all point down)
-LAYERS = ["units", "schema", "columns", "run_spec", "status", "data", "measure", "training", "replay", "study",
+LAYERS = ["units", "status", "schema", "columns", "run_spec", "data", "measure", "training", "replay", "study",
           "config_check", "plan", "job", "report", "doctor", "container_image", "bench"]
 
 
