@@ -136,7 +136,7 @@ def signal_workflow(at_step: int) -> None:
     """Test hook (train.fault_injection.sigterm_workflow_at_step), rank 0: SIGTERM to the nearest Snakemake
     process above this rank, else to this rank's launcher (rank -> torchrun -> launcher)."""
     chain = [pid for pid, _ in workflow_watch.ancestry(os.getpid())]
-    target = next((pid for pid in chain if "snakemake" in workflow_watch.command_of(pid)), None)
+    target = next((pid for pid in chain if workflow_watch.is_snakemake(pid)), None)
     target = target or (chain[1] if len(chain) > 1 else os.getppid())
     print(f"fault injection: SIGTERM to process {target} at step {at_step}", flush=True)
     os.kill(target, signal.SIGTERM)

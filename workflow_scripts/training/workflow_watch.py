@@ -36,6 +36,15 @@ def command_of(pid: int) -> str:
         return ""
 
 
+def is_snakemake(pid: int) -> bool:
+    """Whether the process is Snakemake itself (`snakemake ...` or `python -m snakemake ...`), not a job whose
+    command merely names a file under .snakemake/."""
+    argv = command_of(pid).split()
+    return bool(argv) and (Path(argv[0]).name == "snakemake"
+                           or any(a == "-m" and b == "snakemake" for a, b in zip(argv, argv[1:], strict=False))
+                           or (len(argv) > 1 and Path(argv[1]).name == "snakemake"))
+
+
 def pdeathsig():
     """A preexec function for a child that must not outlive this process (Linux: the kernel sends it SIGKILL when
     its parent dies); None elsewhere. libc is loaded here, before the fork: the child only calls prctl."""
