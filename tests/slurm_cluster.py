@@ -294,6 +294,16 @@ class SlurmCluster:
             self.linked = False
 
 
+def _controller_alive() -> bool:
+    """Whether the slurmctld of the test cluster that SYSTEM_CONF links to still runs (its pid file, its process).
+    A dead one's link slows every SLURM client: `scontrol` retries an unreachable controller for 9 s."""
+    pid_file = Path(os.readlink(SYSTEM_CONF)).parent / "slurmctld.pid"
+    try:
+        return "slurmctld" in Path(f"/proc/{int(pid_file.read_text())}/cmdline").read_text(errors="replace")
+    except (OSError, ValueError):
+        return False
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A started single-node cluster, torn down at the session's end (so the daemons and the /etc/slurm/slurm.conf
@@ -305,8 +315,8 @@ def slurm_cluster():
                     "(.ci/run installs them)")
     if os.geteuid() != 0:
         pytest.skip("the test cluster's daemons (slurmctld, slurmd, munged) must be started as root")
-    if SYSTEM_CONF.is_symlink() and not SYSTEM_CONF.exists() and "pipeline-slurm-" in os.readlink(SYSTEM_CONF):
-        SYSTEM_CONF.unlink()  # left dangling by an earlier test session that was killed: it was ours
+    if SYSTEM_CONF.is_symlink() and "pipeline-slurm-" in os.readlink(SYSTEM_CONF) and not _controller_alive():
+        SYSTEM_CONF.unlink()  # left by an earlier test session that was killed: it was ours, its daemons are gone
     if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
         pytest.skip(f"{SYSTEM_CONF} exists (a configured SLURM machine, or another test cluster running): the "
                     "test cluster needs that path for srun inside jobs and never replaces it")
