@@ -3,20 +3,25 @@
 #
 #   containers/build.sh cpu                  -> containers/images/cpu.sif      (apptainer, from containers/cpu.def)
 #                                            or containers/images/cpu.oci.tar  (podman, from containers/Containerfile)
-#   containers/build.sh cuda rocm            -> the GPU images (their vendor base images come from a registry)
-#   containers/build.sh --base debootstrap cpu   the CPU base made from Debian's archive (no registry reachable)
+#   containers/build.sh cuda                 -> the NVIDIA image: Debian + PyPI only, DeepSpeed's ops compiled in
+#   containers/build.sh rocm                 -> the AMD image, over the vendor's PyTorch image (from a registry)
 #   containers/build.sh -n cpu               -> print the commands only
 #   --engine apptainer|podman                   choose the builder (default: apptainer, else podman)
+#   --base IMAGE                                podman: build over IMAGE instead (`debootstrap`: the Debian base)
 #
-# The base image is the From: line of containers/<platform>.def for both builders (podman: --base overrides it).
-# Study config `containers.<platform>: auto` (the default) takes containers/images/<platform>.sif, else the OCI
-# archive, which Snakemake converts with `apptainer pull` on first use. On a cluster without podman the archive
-# converts by hand too: apptainer build containers/images/cpu.sif oci-archive://containers/images/cpu.oci.tar
+# The base is the .def's for both builders: `Bootstrap: debootstrap` (cpu, cuda) makes Debian's OSVersion from
+# Debian's archive, no container registry involved — apptainer itself (MirrorURL: the build argument DEBIAN_MIRROR,
+# this machine's apt mirror or $DEBIAN_MIRROR; needs debootstrap on the build machine), for podman
+# containers/debian_base.sh; a `From:` line (rocm) names a registry image. Study config `containers.<platform>: auto`
+# (the default) takes containers/images/<platform>.sif, else the OCI archive, which Snakemake converts with
+# `apptainer pull` on first use. On a cluster without podman the archive converts by hand too:
+# apptainer build containers/images/cpu.sif oci-archive://containers/images/cpu.oci.tar
 #
-# podman: pip's CA bundle and this machine's pip find-links directories (pip config) are mounted for the build only,
-# never baked into the image; containers/podman.conf is used when CONTAINERS_CONF is unset (runc, cgroupfs: the
-# settings root needs on a VM without CAP_SYS_RESOURCE). apptainer: run as root or with --fakeroot (added when not
-# root); GPU images need ~20-30 GB of temporary space (APPTAINER_TMPDIR) and 20-60 minutes (DeepSpeed ops).
+# podman: pip's CA bundle is mounted for the build only, never baked into the image, and for the cpu image this
+# machine's pip find-links directories too (pip config: a local CPU torch wheel; the cuda image takes PyPI's CUDA
+# build of the pin, so none are in reach there); containers/podman.conf is used when CONTAINERS_CONF is unset (runc,
+# cgroupfs: the settings root needs on a VM without CAP_SYS_RESOURCE). apptainer: run as root or with --fakeroot
+# (added when not root). The cuda image needs ~25 GB of temporary space (APPTAINER_TMPDIR; podman's storage).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +41,12 @@ platforms=("$@")
 for platform in "${platforms[@]}"; do
   [ -f "containers/${platform}.def" ] || { echo "build.sh: no recipe for platform '$platform' (containers/${platform}.def; platforms: cpu, cuda, rocm)" >&2; exit 2; }
 done
+
+# The base of containers/<platform>.def: "debootstrap SUITE" (Bootstrap: debootstrap, OSVersion) or its From: image
+def_base() {
+  awk '/^%/ {exit} {key = $1; sub(/^[A-Za-z]+: */, "")} key == "Bootstrap:" {b = $0} key == "OSVersion:" {v = $0}
+       key == "From:" {f = $0} END {if (b == "debootstrap") print "debootstrap " v; else print f}' "containers/$1.def"
+}
 
 real_apptainer() {  # the CI adapter (tests/adapters) answers to `apptainer` but cannot build from a .def
   command -v apptainer >/dev/null && ! apptainer --version 2>/dev/null | grep -q adapter
@@ -77,27 +88,38 @@ fail() {  # one line naming the recipe, then the builder's own tail
 }
 
 build_apptainer() {
-  local platform="$1" flags=()
-  [ -z "$base" ] || { echo "build.sh: --base works with podman; for apptainer edit From: in containers/${platform}.def" >&2; exit 2; }
+  local platform="$1" flags=() image_base
+  [ -z "$base" ] || { echo "build.sh: --base works with podman; for apptainer edit containers/${platform}.def" >&2; exit 2; }
   [ "$(id -u)" = 0 ] || flags+=(--fakeroot)
-  [ "$dry_run" = 1 ] || { mkdir -p containers/images; write_recipe "$platform" "$(awk '/^From:/ {print $2}' "containers/${platform}.def")"; }
+  image_base="$(def_base "$platform")"
+  if [ "${image_base%% *}" = debootstrap ]; then
+    local mirror
+    mirror="$(containers/debian_base.sh --mirror)" || exit 2
+    flags+=(--build-arg "DEBIAN_MIRROR=$mirror")
+    image_base="debootstrap:${image_base#* }"
+  fi
+  [ "$dry_run" = 1 ] || { mkdir -p containers/images; write_recipe "$platform" "$image_base"; }
   run apptainer build "${flags[@]}" "containers/images/${platform}.sif" "containers/${platform}.def" \
     || fail "$platform" "containers/${platform}.def" $?
 }
 
 build_podman() {
   local platform="$1" image_base="$base" tag="localhost/dist-train-studies-${platform}:latest" mounts=() args=()
-  [ -n "$image_base" ] || image_base="$(awk '/^From:/ {print $2}' "containers/${platform}.def")"
+  local suite
+  suite="$(def_base "$platform")"
+  [ -n "$image_base" ] || image_base="${suite%% *}"
   if [ "$image_base" = debootstrap ]; then
-    [ "$platform" = cpu ] || { echo "build.sh: --base debootstrap makes a Debian base: the cpu image only" >&2; exit 2; }
-    if [ "$dry_run" = 1 ]; then echo "+ containers/debian_base.sh"; image_base=localhost/debian-base:bookworm
-    else image_base="$(containers/debian_base.sh | tail -1 | cut -d' ' -f1)"; fi
+    [ "${suite%% *}" = debootstrap ] || { echo "build.sh: --base debootstrap: containers/${platform}.def builds over $suite, whose torch a Debian base lacks" >&2; exit 2; }
+    suite="${suite#* }"
+    if [ "$dry_run" = 1 ]; then echo "+ containers/debian_base.sh $suite"; image_base="localhost/debian-base:$suite"
+    else image_base="$(containers/debian_base.sh "$suite" | tail -1 | cut -d' ' -f1)"; fi
   fi
   [ -n "${CONTAINERS_CONF:-}" ] || ! command -v runc >/dev/null || export CONTAINERS_CONF="$PWD/containers/podman.conf"
   local ca=/etc/ssl/certs/ca-certificates.crt
   if [ -f "$ca" ]; then mounts+=(-v "$ca:/run/build/ca.crt:ro"); args+=(--build-arg BUILD_PIP_CERT=/run/build/ca.crt); fi
-  local links="" i=0 dir
-  for dir in $(python3 -m pip config get global.find-links 2>/dev/null || true); do
+  local links="" i=0 dir find_links=""  # the cpu image only: the GPU images take PyPI's builds of torch
+  [ "$platform" != cpu ] || find_links="$(python3 -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\(.*\)'$/\1/p" | sort -u)"
+  for dir in $find_links; do
     [ -d "$dir" ] || continue
     mounts+=(-v "$dir:/run/build/wheels$i:ro"); links="$links /run/build/wheels$i"; i=$((i + 1))
   done

@@ -2,9 +2,10 @@
 
 Apptainer cannot be installed here, so the images (containers/*.def) are never built in these tests. What is
 tested instead:
-  * the definition files: sections, pinned base images whose torch is the pipeline's torch, every pin of
-    envs/requirements.txt installed (their own filter lines are run against the real file), the vendor's
-    monitoring package only in its image, the DeepSpeed ops every strategy loads compiled at build time;
+  * the definition files: sections, the base (Debian by debootstrap; ROCm's pinned vendor image, whose torch is
+    the pipeline's), each converted into the Containerfile steps it mirrors, every pin of envs/requirements.txt
+    installed (their own filter lines are run against the real file), the vendor's monitoring package only in its
+    image, the DeepSpeed ops every strategy loads compiled at build time by a toolkit present for the build only;
   * the workflow under --use-apptainer against tests/fakes/apptainer, a recording STAND-IN put first on PATH:
     Snakemake's real `apptainer exec ...` calls are recorded (image, flags, binds) and the stand-in runs each job
     on the host, so the reduced study really completes; every job must get the platform's image and the profile's
@@ -27,6 +28,7 @@ import sys
 import pandas as pd
 import pytest
 import yaml
+
 from conftest import REPO, copy_workflow, snakemake
 
 PLATFORMS = ["cpu", "cuda", "rocm"]
@@ -75,60 +77,116 @@ def function_body(name: str) -> str:
     return match.group(1)
 
 
+DEBOOTSTRAP = ["cpu", "cuda"]  # Debian from Debian's archive; rocm's torch comes only with the vendor's base
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_definition_has_every_section(platform):
     header, sections = parse_def(platform)
-    assert header.get("Bootstrap") == "docker" and header.get("From")
+    if platform in DEBOOTSTRAP:  # no container registry: apptainer's debootstrap, the mirror a build argument
+        assert header == {"Bootstrap": "debootstrap", "OSVersion": "bookworm", "MirrorURL": "{{ DEBIAN_MIRROR }}"}
+    else:
+        assert header.get("Bootstrap") == "docker" and header.get("From")
     for name in SECTIONS:
         assert sections.get(name), f"{platform}.def: %{name} missing or empty"
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-def test_base_image_is_pinned(platform):
-    image = parse_def(platform)[0]["From"]
+def test_the_vendor_base_image_is_pinned():
+    image = parse_def("rocm")[0]["From"]
     name, _, tag = image.rpartition(":")
-    assert name and tag and tag != "latest", f"unpinned base image {image!r}"
-    torch = requirement_pins()["torch"]
-    if platform == "cpu":  # Debian's Python 3.11, the Python of the CPU machines; torch comes from the pins
-        assert name == "debian" and tag.startswith("bookworm"), image
-    elif platform == "cuda":  # the devel flavour: nvcc compiles the DeepSpeed ops
-        assert name == "pytorch/pytorch" and re.fullmatch(rf"{re.escape(torch)}-cuda12\.\d+-cudnn9-devel", tag), image
-    else:
-        assert name == "rocm/pytorch" and re.fullmatch(rf"rocm\d+(\.\d+)+_.+_pytorch_release_{re.escape(torch)}",
-                                                        tag), image
+    assert name == "rocm/pytorch" and re.fullmatch(
+        rf"rocm\d+(\.\d+)+_.+_pytorch_release_{re.escape(requirement_pins()['torch'])}", tag), image
+
+
+def def_base(platform) -> str:
+    """The base a .def names, as its label and the recipe record spell it."""
+    header = parse_def(platform)[0]
+    return f"debootstrap:{header['OSVersion']}" if header["Bootstrap"] == "debootstrap" else header["From"]
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_labels_name_the_platform_base_and_recipe(platform):
-    header, sections = parse_def(platform)
-    labels = dict(line.split(None, 1) for line in sections["labels"])
-    assert labels["org.pipeline.base-image"] == header["From"]
+    labels = dict(line.split(None, 1) for line in parse_def(platform)[1]["labels"])
+    assert labels["org.pipeline.base-image"] == def_base(platform)
     assert labels["org.pipeline.platform"] == platform
     assert labels["org.pipeline.recipe"] == "containers/install.sh"
 
 
+def containerfile_steps(platform) -> dict:
+    """containers/Containerfile as build.sh runs it for a platform: its COPYs as (source, destination file) pairs,
+    its RUN lines as install.sh steps, its ENV, the base (build.sh's podman command, printed by -n)."""
+    text = (REPO / "containers/Containerfile").read_text().replace("${PLATFORM}", platform)
+    copies, steps, env = set(), [], {}
+    for line in text.splitlines():
+        words = line.split()
+        if line.startswith("COPY "):
+            *sources, dest = words[1:]
+            copies |= {(s, dest + s.rsplit("/", 1)[-1] if dest.endswith("/") else dest) for s in sources}
+        elif line.startswith("RUN "):
+            run = re.fullmatch(r'RUN bash /opt/pipeline/install.sh "\$PLATFORM" (\w+)', line)
+            assert run, f"Containerfile: {line!r} is not an install.sh step"
+            steps.append(run.group(1))
+        elif line.startswith("ENV "):
+            env.update(w.split("=", 1) for w in words[1:])
+    commands = build_dry_run("--engine", "podman", platform)
+    build = next(c for c in commands if c.startswith("+ podman build "))
+    return {"copies": copies, "steps": steps, "env": env, "platform": re.search(r"PLATFORM=(\S+)", build).group(1),
+            "base": re.search(r"BASE=(\S+)", build).group(1), "made": [c for c in commands if "debian_base" in c]}
+
+
+def def_as_containerfile_steps(platform) -> dict:
+    """containers/<platform>.def converted into the Containerfile steps it mirrors: %files as COPY pairs, %post's
+    lines as install.sh steps of one platform, %environment as ENV, the header as the base podman builds over
+    (debootstrap: containers/debian_base.sh makes OSVersion as the local image localhost/debian-base:<OSVersion>)."""
+    header, sections = parse_def(platform)
+    steps, platforms = [], set()
+    for line in sections["post"]:
+        run = re.fullmatch(r"bash /opt/pipeline/install.sh (\w+) (\w+)", line)
+        assert run, f"{platform}.def: %post line {line!r} is not an install.sh step"
+        platforms.add(run.group(1))
+        steps.append(run.group(2))
+    assert len(platforms) == 1, f"{platform}.def: %post runs install.sh for {platforms}"
+    env = dict(re.fullmatch(r"export (\w+)=(\S+)", line).groups() for line in sections["environment"])
+    debootstrap = header["Bootstrap"] == "debootstrap"
+    return {"copies": {tuple(line.split()) for line in sections["files"]}, "steps": steps, "env": env,
+            "platform": platforms.pop(),
+            "base": f"localhost/debian-base:{header['OSVersion']}" if debootstrap else header["From"],
+            "made": [f"+ containers/debian_base.sh {header['OSVersion']}"] if debootstrap else []}
+
+
 @pytest.mark.parametrize("platform", PLATFORMS)
-def test_every_builder_runs_the_one_recipe(platform):
-    """apptainer (.def) and podman (Containerfile) copy the same files and run containers/install.sh; neither
-    installs anything itself, so the two images cannot drift apart."""
-    _, sections = parse_def(platform)
-    files = [line.split() for line in sections["files"]]
-    assert files == [["containers/install.sh", "/opt/pipeline/install.sh"],
-                     ["envs/requirements.txt", "/opt/pipeline/requirements.txt"],
-                     [f"containers/.build/{platform}.recipe.json", "/opt/pipeline/recipe.json"]]
-    assert sections["post"] == [f"bash /opt/pipeline/install.sh {platform} all"]
-    containerfile = (REPO / "containers/Containerfile").read_text()
-    runs = re.findall(r"^RUN (.*)$", containerfile, re.M)
-    assert runs == [f'bash /opt/pipeline/install.sh "$PLATFORM" {step}' for step in ("system", "python", "stamp")]
-    assert "COPY containers/install.sh envs/requirements.txt /opt/pipeline/" in containerfile
-    assert "COPY containers/.build/${PLATFORM}.recipe.json /opt/pipeline/recipe.json" in containerfile
+def test_the_definition_file_converts_into_the_containerfile_steps(platform):
+    """apptainer (.def) and podman (Containerfile) copy the same files and run the same containerised steps of
+    containers/install.sh, for the same platform over the same base; neither installs anything itself, so the two
+    images cannot drift apart."""
+    converted = def_as_containerfile_steps(platform)
+    assert converted == containerfile_steps(platform)
+    assert converted["platform"] == platform and converted["steps"] == ["system", "python", "ops", "stamp"]
+    assert converted["copies"] == {("containers/install.sh", "/opt/pipeline/install.sh"),
+                                   ("envs/requirements.txt", "/opt/pipeline/requirements.txt"),
+                                   (f"containers/.build/{platform}.recipe.json", "/opt/pipeline/recipe.json")}
     all_step = re.search(r"^  all\) (.*) ;;$", install_script(), re.M).group(1)
-    assert all_step.split("; ")[0] == "system" and all_step.split("; ")[-1] == "stamp"
-    for text in ("\n".join(sum(sections.values(), [])), containerfile):
+    assert [s.removesuffix("_step") for s in all_step.split("; ")] == converted["steps"]
+    _, sections = parse_def(platform)
+    for text in ("\n".join(sum(sections.values(), [])), (REPO / "containers/Containerfile").read_text()):
         assert not re.search(r"apt-get|pip install", text)
     # the build context holds only what the Containerfile copies: a study's work/ never travels to the builder
     ignore = [line for line in (REPO / ".containerignore").read_text().splitlines() if line and line[0] != "#"]
     assert ignore == ["*", "!containers/install.sh", "!envs/requirements.txt", "!containers/.build/"]
+
+
+def test_the_debian_base_is_made_as_apptainers_debootstrap_makes_it():
+    """Both builders' Debian: debootstrap's minbase variant of the .def's OSVersion from the build machine's apt
+    mirror (apptainer: MirrorURL, the build argument build.sh fills)."""
+    script = (REPO / "containers/debian_base.sh").read_text()
+    assert 'debootstrap --variant=minbase "$suite" "$root" "$archive"' in script
+    assert 'tag="localhost/debian-base:$suite"' in script
+    mirror = "file:///srv/debian-mirror"  # no host: a mirror this machine would have
+    done = subprocess.run(["bash", str(REPO / "containers/debian_base.sh"), "--mirror"], capture_output=True,
+                          text=True, env={**os.environ, "DEBIAN_MIRROR": mirror})
+    assert done.stdout.strip() == mirror
+    commands = build_dry_run("--engine", "apptainer", *DEBOOTSTRAP, env={"DEBIAN_MIRROR": mirror})
+    assert all(f"--build-arg DEBIAN_MIRROR={mirror} " in c for c in commands) and len(commands) == 2
 
 
 def image_requirements(platform, tmp_path) -> dict[str, str]:
@@ -151,22 +209,42 @@ def test_every_pin_is_installed_from_the_same_requirements_file(platform, tmp_pa
     other_smi = VENDOR_SMI["rocm" if platform == "cuda" else "cuda"]
     assert installed == {k: v for k, v in pins.items() if k not in ("torch", "deepspeed", other_smi)}
     assert VENDOR_SMI[platform] in installed and other_smi not in installed
-    body = function_body("python_gpu")
-    # torch is never installed on a GPU image: a constraint pins the base image's own build
-    assert not re.search(r"pip install[^\n]*\btorch\b", body)
-    assert "import torch; print(\"torch==\" + torch.__version__)" in body and '-c "$P/constraints.txt"' in body
-    assert "'^deepspeed=='" in body
+    body = function_body(f"python_{platform}")
+    assert "pin_torch" in body and '-c "$P/constraints.txt"' in body  # torch's exact build, as a constraint
+    assert 'print("torch==" + m.version("torch"))' in function_body("pin_torch")
+    if platform == "cuda":  # the pin from PyPI, refused unless it is a CUDA build
+        assert "'^torch=='" in body and "torch.version.cuda" in body
+        assert body.index("'^torch=='") < body.index("pin_torch")
+    else:  # never installed on the ROCm image: the base image's own build
+        assert not re.search(r"pip install[^\n]*\btorch\b", body)
+    assert "'^deepspeed=='" in function_body("ops_gpu")
+
+
+def test_only_the_cpu_image_build_sees_local_wheels(tmp_path):
+    """This machine's pip find-links (e.g. a CPU torch wheel) are mounted for the cpu image's build only: the cuda
+    image's pip must take PyPI's CUDA build of the pin."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    env = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(wheels)}  # pip's settings: these alone
+    builds = {p: next(c for c in build_dry_run("--engine", "podman", p, env=env) if c.startswith("+ podman build"))
+              for p in ("cpu", "cuda")}
+    assert f"-v {wheels}:/run/build/wheels0:ro" in builds["cpu"] and "BUILD_PIP_FIND_LINKS=" in builds["cpu"]
+    assert "wheels" not in builds["cuda"] and "FIND_LINKS" not in builds["cuda"]
+    assert all("-v /etc/ssl/certs/ca-certificates.crt:/run/build/ca.crt:ro" in c for c in builds.values()) or \
+        not os.path.exists("/etc/ssl/certs/ca-certificates.crt")
 
 
 def needed_ops() -> dict[str, tuple[str, str]]:
-    """op builder class -> (op name, DS_BUILD_ variable), for every op a strategy loads, as
-    DeepSpeed's CUDA accelerator (used by CUDA and ROCm torch alike) resolves them."""
+    """op builder class -> (op name, DS_BUILD_ variable), for every op a strategy loads (its own, and those its
+    options can add), as DeepSpeed's CUDA accelerator (used by CUDA and ROCm torch alike) resolves them."""
     code = (
         "import json, sys\n"
         "from workflow_scripts.training.build_ops import needed_ops\n"
         "from workflow_scripts.training.strategies import STRATEGIES\n"
+        "from workflow_scripts.training.strategies._deepspeed import option_ops\n"
         "from deepspeed.accelerator import get_accelerator\n"
-        "ops = sorted({op for s in STRATEGIES for op in needed_ops(s)})\n"
+        "ops = {op for s in STRATEGIES for op in needed_ops(s)}\n"
+        "ops = sorted(ops | set(option_ops({'compile': {'deepcompile': True}})))\n"
         "out = {}\n"
         "for op in ops:\n"
         "    b = get_accelerator().create_op_builder(op)\n"
@@ -177,27 +255,57 @@ def needed_ops() -> dict[str, tuple[str, str]]:
     return {k: tuple(v) for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
+def shell_value(name: str) -> str:
+    return re.search(rf'^{name}="([^"]*)"$', install_script(), re.M).group(1)
+
+
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
 def test_deepspeed_ops_are_compiled_into_the_gpu_images(platform):
-    body = function_body("python_gpu").replace("\\\n", " ")
+    body = function_body("ops_gpu").replace("\\\n", " ")
     ops = needed_ops()
-    assert {"CPUAdamBuilder", "AsyncIOBuilder"} <= set(ops), ops  # offload and ZeRO-Infinity at least
-    install = next(line for line in body.splitlines() if "$ds_spec" in line and "pip install" in line)
-    assert "DS_BUILD_OPS=0" in install and "--no-build-isolation" in install
-    check = next(line for line in body.splitlines() if "installed_ops" in line)
+    assert {"CPUAdamBuilder", "AsyncIOBuilder", "QuantizerBuilder", "DeepCompileBuilder"} <= set(ops), ops
+    install = next(line for line in body.splitlines() if '"$ds_spec"' in line and "pip install" in line)
+    assert "$GPU_OP_BUILD" in install and "--no-build-isolation" in install
+    assert "DS_BUILD_OPS=0" in body and "DS_ACCELERATOR=cuda" in body  # named, not detected: no GPU at build
+    built, checked = shell_value("GPU_OP_BUILD").split(), shell_value("GPU_OPS").split()
     tests = "\n".join(parse_def(platform)[1]["test"])
-    for builder, (name, build_var) in ops.items():
-        assert f"{build_var}=1" in install, f"{builder}: {build_var}=1 missing from the DeepSpeed install"
-        assert f'"{name}"' in check, f"{builder}: the build does not verify that {name} was compiled"
+    for builder, (name, build_var) in {**ops, "FusedAdamBuilder": ("fused_adam", "DS_BUILD_FUSED_ADAM")}.items():
+        assert f"{build_var}=1" in built, f"{builder}: {build_var}=1 missing from the DeepSpeed install"
+        assert name in checked, f"{builder}: the build does not verify that {name} was compiled"
         assert f'"{name}"' in tests, f"{builder}: %test does not check {name}"
+    assert body.index("check_ops") > body.index('"$ds_spec"')
     assert "libaio-dev" in function_body("system")  # async_io links libaio
-    arch_var = "TORCH_CUDA_ARCH_LIST" if platform == "cuda" else "PYTORCH_ROCM_ARCH"
-    arch = re.search(rf'export {arch_var}="([^"]+)"', body)
-    assert arch and arch.start() < body.index('"$ds_spec"'), f"{arch_var} must be set before DeepSpeed builds"
-    if platform == "cuda":  # DeepSpeed's op builder cannot parse arch suffixes such as 9.0a
-        assert all(re.fullmatch(r"\d+\.\d+(\+PTX)?", a) for a in arch.group(1).split(";")), arch.group(1)
+    arch_var, archs = ("TORCH_CUDA_ARCH_LIST", "CUDA_ARCHS") if platform == "cuda" else ("PYTORCH_ROCM_ARCH",
+                                                                                        "ROCM_ARCHS")
+    assert body.index(f'{arch_var}="${archs}"') < body.index('"$ds_spec"'), f"{arch_var} set before the build"
+    if platform == "cuda":  # sm_80, 86, 89, 90 + PTX; DeepSpeed's op builder cannot parse suffixes such as 9.0a
+        assert shell_value(archs) == "8.0;8.6;8.9;9.0+PTX"
     else:
-        assert all(re.fullmatch(r"gfx[0-9a-f]+", a) for a in arch.group(1).split(";")), arch.group(1)
+        assert all(re.fullmatch(r"gfx[0-9a-f]+", a) for a in shell_value(archs).split(";")), shell_value(archs)
+
+
+def test_the_cuda_toolkit_is_present_for_the_op_build_only():
+    """The toolkit comes from PyPI at the release torch's wheel requires, serves as CUDA_HOME for the build, and is
+    uninstalled in the same step (what it added, recorded before)."""
+    toolkit, body = function_body("cuda_toolkit"), function_body("ops_gpu")
+    assert 'm.requires("torch")' in toolkit and '"cuda-toolkit[nvcc,cccl]==$release"' in toolkit
+    assert 'build-only.txt"' in toolkit and "pip freeze" in toolkit
+    order = [body.index(s) for s in ('cuda_toolkit "$tmp/cuda"', 'export CUDA_HOME="$tmp/cuda"', '"$ds_spec"',
+                                     'pip uninstall -q -y $(cat "$tmp/cuda/build-only.txt")', 'rm -rf "$tmp"')]
+    assert order == sorted(order)
+
+
+def test_the_portable_compiler_rewrites_only_the_machine_specific_flags(tmp_path):
+    """DeepSpeed's CPU ops ask for -march=native and the build machine's SIMD width; the image's c++ compiles for
+    x86-64-v3 and AVX2 instead and passes every other argument as given (a stand-in /usr/bin/c++ is not possible
+    here, so the generated script is run with its exec line pointed at echo)."""
+    script = re.search(r"<<'SH'\n(.*?)^SH$", function_body("portable_cxx"), re.S | re.M).group(1)
+    assert "exec /usr/bin/c++ " in script
+    (tmp_path / "c++").write_text(script.replace("exec /usr/bin/c++ ", "exec echo "))
+    out = subprocess.run(["bash", str(tmp_path / "c++"), "-O3", "-march=native", "-fopenmp", "-D__AVX512__",
+                          "-DBF16_AVAILABLE", "a b.cpp"], capture_output=True, text=True, check=True).stdout
+    assert out.split(" ", 5) == ["-O3", "-march=x86-64-v3", "-fopenmp", "-D__AVX256__", "-DBF16_AVAILABLE",
+                                 "a b.cpp\n"]
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -209,24 +317,34 @@ def test_image_self_test_imports_the_stack(platform):
         assert re.search(rf"import [^;']*\b{module}\b", imports), module
 
 
-def build_dry_run(*args) -> list[str]:
+def build_dry_run(*args, env=None) -> list[str]:
     done = subprocess.run(["bash", str(REPO / "containers/build.sh"), "-n", *args], capture_output=True, text=True,
-                          check=True, cwd="/")
+                          check=True, cwd="/", env={**os.environ, "DEBIAN_MIRROR": "file:///srv/debian-mirror",
+                                                    **(env or {})})
     return [line for line in done.stdout.splitlines() if line.startswith("+ ")]
 
 
 def test_build_script_builds_each_image_from_its_recipe():
-    assert build_dry_run("--engine", "apptainer", "cpu", "cuda", "rocm") == [
-        f"+ apptainer build {'--fakeroot ' if os.geteuid() else ''}containers/images/{p}.sif containers/{p}.def"
-        for p in PLATFORMS]
+    mirror = "file:///srv/debian-mirror"
+    fakeroot = "--fakeroot " if os.geteuid() else ""
+    assert build_dry_run("--engine", "apptainer", "cpu", "cuda", "rocm", env={"DEBIAN_MIRROR": mirror}) == [
+        f"+ apptainer build {fakeroot}{f'--build-arg DEBIAN_MIRROR={mirror} ' if p in DEBOOTSTRAP else ''}"
+        f"containers/images/{p}.sif containers/{p}.def" for p in PLATFORMS]
     podman = build_dry_run("--engine", "podman", "cuda")
-    assert podman[0].startswith("+ podman build -f containers/Containerfile --build-arg "
-                                f"BASE={parse_def('cuda')[0]['From']} --build-arg PLATFORM=cuda")
-    assert podman[1:] == ["+ podman save --format oci-archive -o containers/images/cuda.oci.tar.tmp "
+    assert podman[0] == "+ containers/debian_base.sh bookworm"
+    assert podman[1].startswith("+ podman build -f containers/Containerfile --build-arg "
+                                "BASE=localhost/debian-base:bookworm --build-arg PLATFORM=cuda")
+    assert podman[2:] == ["+ podman save --format oci-archive -o containers/images/cuda.oci.tar.tmp "
                           "localhost/dist-train-studies-cuda:latest",
                           "+ mv containers/images/cuda.oci.tar.tmp containers/images/cuda.oci.tar"]
-    debootstrap = build_dry_run("--engine", "podman", "--base", "debootstrap", "cpu")
-    assert debootstrap[0] == "+ containers/debian_base.sh" and "BASE=localhost/debian-base:bookworm" in debootstrap[1]
+    rocm = build_dry_run("--engine", "podman", "rocm")
+    assert f"BASE={parse_def('rocm')[0]['From']} --build-arg PLATFORM=rocm" in rocm[0]
+    # --base debootstrap, as before the recipe made it the default: the same base
+    assert build_dry_run("--engine", "podman", "--base", "debootstrap", "cpu")[:2] == build_dry_run(
+        "--engine", "podman", "cpu")[:2]
+    refused = subprocess.run(["bash", str(REPO / "containers/build.sh"), "-n", "--engine", "podman", "--base",
+                              "debootstrap", "rocm"], capture_output=True, text=True, cwd="/")
+    assert refused.returncode == 2 and "rocm.def builds over rocm/pytorch:" in refused.stderr
 
 
 def test_build_script_refuses_an_unknown_platform():
