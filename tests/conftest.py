@@ -20,6 +20,8 @@ SKIP = {".git", ".snakemake", "work", "results", ".pytest_cache", "__pycache__",
 def pytest_addoption(parser):
     parser.addoption("--image", action="store_true",
                      help="also run tests/test_image.py: build the CPU image with podman and run the study in it")
+    parser.addoption("--image-cuda", action="store_true",
+                     help="also build the CUDA image (GBs, ~1 h on 2 cores) and check it: tests/test_image.py -k cuda")
 
 
 def pytest_configure(config):

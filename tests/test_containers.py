@@ -28,7 +28,6 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import REPO, copy_workflow, snakemake
 
 PLATFORMS = ["cpu", "cuda", "rocm"]

@@ -11,7 +11,7 @@ The CUDA image, opt-in and not in CI (GBs of downloads, an hour on 2 cores; no G
 the CUDA build, DeepSpeed's ops are compiled for the listed GPUs, no toolkit stayed, and the default study runs
 on the CPU with the host's losses:
 
-    PIPELINE_IMAGE_CUDA=1 python3 -m pytest -q tests/test_image.py -k cuda
+    python3 -m pytest -q --image-cuda tests/test_image.py -k cuda   (or PIPELINE_IMAGE_CUDA=1)
 
 Needs podman, runc, debootstrap and bubblewrap (envs/setup.sh --containers).
 """
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import REPO, assert_default_study_losses, copy_workflow, snakemake
+
 from workflow_scripts.measure.container import oci_manifest_digest
 
 ARCHIVE = REPO / "containers/images/cpu.oci.tar"
@@ -169,8 +169,8 @@ def test_every_run_records_the_image_it_ran_in(study_in_image, image):
 
 # ------------------------------------------------------------------ the CUDA image (opt-in, not in CI)
 def cuda_opted_in(config) -> bool:
-    """--image-cuda where tests/conftest.py offers it, else PIPELINE_IMAGE_CUDA=1."""
-    return bool(config.getoption("--image-cuda", default=False) or os.environ.get("PIPELINE_IMAGE_CUDA") == "1")
+    """--image-cuda, or PIPELINE_IMAGE_CUDA=1."""
+    return bool(config.getoption("--image-cuda") or os.environ.get("PIPELINE_IMAGE_CUDA") == "1")
 
 
 @pytest.fixture(scope="session")
@@ -178,7 +178,7 @@ def cuda_image(request) -> dict:
     """The CUDA image built from its recipe (Debian from Debian's archive, the rest from PyPI; a build whose layers
     podman holds redoes only the recipe's commit)."""
     if not cuda_opted_in(request.config):
-        pytest.skip("builds the CUDA image (GBs, ~1 h on 2 cores): PIPELINE_IMAGE_CUDA=1 python3 -m pytest -q "
+        pytest.skip("builds the CUDA image (GBs, ~1 h on 2 cores): python3 -m pytest -q --image-cuda "
                     "tests/test_image.py -k cuda")
     start = time.perf_counter()
     done = build("cuda", timeout=3 * 3600)
