@@ -23,9 +23,16 @@ from workflow_scripts.training.strategies import STRATEGIES
 from workflow_scripts.training.strategies import get as get_strategy
 
 
+def machine_cache() -> str:
+    """The machine's cache of the pipeline, shared by every clone and study (compiled ops, lever decisions, inductor's
+    and Triton's caches): `$PIPELINE_CACHE`, else `$XDG_CACHE_HOME` or `~/.cache`, + `/dist-train-studies`."""
+    return os.environ.get("PIPELINE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dist-train-studies")
+
+
 def extensions_dir(setting: str | None, platform: str) -> str:
     """Where compiled ops live. `auto` (the default): one cache per machine and toolchain, shared by every clone and
-    study, `$PIPELINE_CACHE` or `$XDG_CACHE_HOME`/`~/.cache` + `/dist-train-studies/torch_extensions/<key>`; the key
+    study, machine_cache() + `/torch_extensions/<key>`; the key
     names torch, DeepSpeed, Python, the platform and a hash of the C++ compiler's version and the environment's
     prefix, so an op built by another toolchain is never loaded (torch's own loader also rebuilds an op whose
     sources or flags changed)."""
@@ -53,9 +60,7 @@ def extensions_dir(setting: str | None, platform: str) -> str:
     # which torch's loader would answer by rebuilding the op in place, back and forth
     key = (f"torch{version('torch')}-ds{version('deepspeed')}-py{py.python_version()}-{platform}-"
            + hashlib.sha256((compiler + sys.prefix).encode()).hexdigest()[:8]).replace("+", "_")
-    base = os.environ.get("PIPELINE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dist-train-studies")
-    return os.path.join(base, "torch_extensions", key)
+    return os.path.join(machine_cache(), "torch_extensions", key)
 
 
 def export_extensions_dir(setting: str | None, platform: str) -> str:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from workflow_scripts.training.build_ops import machine_cache
 from workflow_scripts.training.models import FAMILIES
 
 if TYPE_CHECKING:  # annotations only: the module is read by every Snakefile parse
@@ -71,15 +72,6 @@ def decided_by(auto_levers: dict | None, platform: str, nodes: int = 1) -> str:
     if by != "auto":
         return by
     return "measurement" if platform in GPU_PLATFORMS and int(nodes) == 1 else "rule"
-
-
-def machine_cache() -> str:
-    """The machine's cache of the pipeline, shared by every clone and study: `$PIPELINE_CACHE`, else
-    `$XDG_CACHE_HOME` or `~/.cache`, + `/dist-train-studies`."""
-    import os
-
-    return os.environ.get("PIPELINE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dist-train-studies")
 
 
 def compile_caches() -> dict:
