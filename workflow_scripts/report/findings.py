@@ -191,9 +191,11 @@ def summary_tables(summary: pd.DataFrame, hidden: list[str]) -> list[Table]:
                 fmt_mean_ci(row[metric], row[f"{metric}_ci95"], decimals=0), rank(speed),
                 memory_cell(row, mem_unit, t, summary, with_unit=False) if pd.notna(row["peak_memory_bytes"])
                 else "–", rank(memory), fmt_mean_ci(row["final_loss"], row["final_loss_ci95"], decimals=3), repeats])
-        t.notes.append("Rank 1: the highest throughput, the lowest peak memory, among the strategies that ran to ok. "
+        ranks = t.note("Rank 1: the highest throughput, the lowest peak memory, among the strategies that ran to ok. "
                        "± is the 95% confidence half-width where two or more repeats succeeded. All columns: "
                        "summary.md.")
+        t.header[3] += ranks
+        t.header[5] += ranks
         out.append(t)
     return out
 
