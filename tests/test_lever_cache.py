@@ -116,10 +116,37 @@ def test_a_trial_records_the_candidates_it_leaves_out_and_why(tmp_path, launches
     assert "blocks not run (4.0e+08 FLOP" in result["why"]
     gpu = config(tmp_path, platform="cuda", world_sizes=[1], models=["gpt2-medium"], data={"block_size": 1024})
     mb4 = study.lever_trial_specs(gpu, "gpt2-medium", "zero2", Layout.data_parallel(1), {"micro_batch_size": 4}, [])
-    assert list(mb4["specs"]) == ["eager", "loss", "model", "model_graphs"] and "1.0e+11" in mb4["skipped"]["blocks"]
+    # on a GPU what the committed measurements say cannot win is left out too: host-bound, eager (no compilation)
+    # against the whole model with CUDA graphs, the model without graphs behind them; GEMM-bound, compiled blocks
+    assert list(mb4["specs"]) == ["eager", "model", "model_graphs"] and "1.0e+11" in mb4["skipped"]["blocks"]
+    assert "CUDA graphs" in mb4["skipped"]["loss"]
     mb16 = study.lever_trial_specs(gpu, "gpt2-medium", "zero2", Layout.data_parallel(1), {"micro_batch_size": 16},
                                    [])
-    assert "blocks" in mb16["specs"] and not mb16["skipped"]
+    assert list(mb16["specs"]) == ["blocks", "model", "model_graphs"] and set(mb16["skipped"]) == {"eager", "loss"}
+
+
+def test_the_model_without_graphs_runs_only_where_the_graphs_fail(tmp_path, monkeypatch):
+    """levers.FALLBACK: the whole model compiled without CUDA graphs is launched after model_graphs, and only if
+    that did not finish; the verdict says why it was not run."""
+    gpu = config(tmp_path, platform="cuda", world_sizes=[1], models=["gpt2-medium"], data={"block_size": 1024})
+    specs = study.lever_trial_specs(gpu, "gpt2-medium", "ddp", Layout.data_parallel(1), {"micro_batch_size": 4},
+                                    [])["specs"]
+    for graphs_ok, launched, chosen in ((True, ["eager", "model_graphs"], "model_graphs"),
+                                        (False, ["eager", "model_graphs", "model"], "model")):
+        started = []
+
+        def launch(spec, graphs_ok=graphs_ok, started=started):
+            name = spec.out_dir.rsplit("/", 1)[1]
+            started.append(name)
+            ok = graphs_ok or name != "model_graphs"
+            return {"status": RunStatus.OK if ok else RunStatus.FAILED, "tokens_per_s": 3000.0 if ok else None,
+                    "reason": None if ok else "graphs overwritten"} if name != "eager" else \
+                {"status": RunStatus.OK, "tokens_per_s": 1000.0}
+
+        monkeypatch.setattr(lever_trial, "run_launcher", launch)
+        result = lever_trial.trial(specs, {})
+        assert started == launched and result["chosen"] == chosen, graphs_ok
+    assert "model_graphs failed" in result["why"]
 
 
 def test_auto_measures_on_one_gpu_node_and_keeps_the_rule_on_cpu(tmp_path):

@@ -120,9 +120,17 @@ def choose(rows: list[dict], skipped: dict) -> dict:
 
 
 def trial(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict:
-    """Every candidate's run (specs: name -> run spec), one after another; the verdict and the rows."""
-    rows = []
-    for name, spec in specs.items():
+    """Every candidate's run (specs: name -> run spec), one after another; the verdict and the rows. A fallback
+    (levers.FALLBACK: the whole model without CUDA graphs) runs last, and only where the candidate it stands behind
+    did not finish."""
+    rows, skipped = [], dict(skipped)
+    behind = {fb: first for first, fb in levers.FALLBACK.items() if first in specs and fb in specs}
+    for name in [n for n in specs if n not in behind] + list(behind):
+        spec = specs[name]
+        done = next((r for r in rows if r["candidate"] == behind.get(name)), None)
+        if done is not None and done["status"] == RunStatus.OK:
+            skipped[name] = f"run only if {done['candidate']} fails"
+            continue
         print(f"candidate {name}: {json.dumps(levers.CANDIDATES[name], sort_keys=True)}", flush=True)
         started = time.time()
         s = run_launcher(spec)

@@ -55,6 +55,9 @@ CANDIDATES = {
                      "compile_mode": "reduce-overhead"},  # CUDA graphs of the compiled model and loss
 }
 TRIAL_KEYS = ("compile_blocks", "compile_loss", "compile_model", "compile_mode")
+# a candidate run only where the one it stands behind failed in the trial (CUDA graphs of the same compiled model were
+# as fast or faster in every committed GPU measurement: benchmarks/2026-11-24-compile-regimes-h100.md)
+FALLBACK = {"model_graphs": "model"}
 # Below this much forward matmul work per block call, a compiled block's per-call host cost (guards, the
 # autograd wrapper) outweighs what fusion saves: GPT-2-medium on one H100, interleaved, micro-batch 4 (1.0e11 FLOP)
 # compiled 0.85x eager, micro-batch 16 (4.1e11) 1.9x (benchmarks/2026-11-24-compile-regimes-h100.md).
@@ -153,7 +156,26 @@ def trial_candidates(names: list[str], platform: str, data_only: bool, family: s
             skip[name] = "the same settings as an earlier candidate here"
         else:
             run[name] = keys
+    if platform in GPU_PLATFORMS:
+        pruned = dominated(run)
+        skip.update(pruned)
+        run = {k: v for k, v in run.items() if k not in pruned}
     return run, skip
+
+
+def dominated(run: dict) -> dict:
+    """On a GPU, the runnable candidates that cannot win beside the others ({name: why}), from the committed GPU
+    measurements (benchmarks/2026-11-24-compile-regimes-h100.md, 2026-11-21-levers-h200.md): eager and the compiled
+    loss alone lost to compiled blocks wherever those run (GEMM-bound shapes: 1.9x); the compiled loss alone lost to
+    the whole model with CUDA graphs (host-bound shapes: 2.3x over eager); the whole model without graphs stays, run
+    by the trial only if the graphs fail (FALLBACK). Eager stays at host-bound shapes: the comparison costs
+    no compilation."""
+    out = {}
+    if "blocks" in run:
+        out.update({k: "compiled blocks beat it at this FLOP per block call" for k in ("eager", "loss") if k in run})
+    if "model_graphs" in run:
+        out.setdefault("loss", "the whole model with CUDA graphs beats the compiled loss alone")
+    return out
 
 
 def apply_trial(train: dict) -> dict:
