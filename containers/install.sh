@@ -157,10 +157,14 @@ ops_gpu() {
   export DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_ENABLE_NINJA=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}"
   export TORCH_CUDA_ARCH_LIST="$CUDA_ARCHS" PYTORCH_ROCM_ARCH="$ROCM_ARCHS"
   if [ "$(uname -m)" = x86_64 ]; then portable_cxx "$tmp/bin"; export CXX="$tmp/bin/c++"; fi
-  if [ "$platform" = cuda ]; then cuda_toolkit "$tmp/cuda"; export CUDA_HOME="$tmp/cuda"; fi
+  # a machine that has a CUDA toolkit (CUDA_HOME with bin/nvcc: a GPU node checking this step) builds with it
+  local own_toolkit=0
+  if [ "$platform" = cuda ] && [ ! -x "${CUDA_HOME:-/nonexistent}/bin/nvcc" ]; then
+    cuda_toolkit "$tmp/cuda"; export CUDA_HOME="$tmp/cuda"; own_toolkit=1
+  fi
   # shellcheck disable=SC2086
   env $GPU_OP_BUILD python3 -m pip install -q --no-build-isolation -c "$P/constraints.txt" "$ds_spec"
-  if [ "$platform" = cuda ]; then  # the toolkit goes: no compute node compiles
+  if [ "$own_toolkit" = 1 ]; then  # the toolkit goes: no compute node compiles
     # shellcheck disable=SC2046
     python3 -m pip uninstall -q -y $(cat "$tmp/cuda/build-only.txt")
   fi
