@@ -5,6 +5,12 @@
 # deepspeed and what the image lacks) and .deb/ (Debian's libaio1 + libaio-dev, `apt-get download`, for
 # DeepSpeed's async_io op: unpacked to a prefix, found through CPATH / LIBRARY_PATH / LD_LIBRARY_PATH).
 # Writes the results folder as $OUT/results.tgz (OUT defaults to ./out; RESULTS=<dir> packs that folder only).
+# BUILD_OPS=1: first the GPU image's ops step (containers/install.sh cuda ops) against this machine's torch and CUDA
+# toolkit, so the study loads pre-built ops as in the image; needs .sdist/ carried too (DeepSpeed's sdist and a
+# ninja wheel: `pip download --no-deps --no-binary :all: deepspeed==<pin>`). Then `pytest tests/test_gpu_ops.py`
+# checks the ops against references.
+# Run it in the foreground of one command: a launcher whose ancestor is re-parented (a command that ends while a
+# background study runs on) stops its run, as it does when the workflow dies.
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -14,6 +20,14 @@ if ls .deb/*.deb >/dev/null 2>&1; then
   for f in .deb/*.deb; do dpkg -x "$f" /tmp/aio; done
   lib=/tmp/aio/usr/lib/x86_64-linux-gnu
   export CPATH=/tmp/aio/usr/include LIBRARY_PATH=$lib LD_LIBRARY_PATH=$lib:${LD_LIBRARY_PATH:-}
+fi
+if [ "${BUILD_OPS:-0}" = 1 ]; then  # the pip-installed JIT DeepSpeed goes; the one built with its ops replaces it
+  rm -rf /tmp/site/deepspeed /tmp/site/deepspeed-*
+  pp="$(mktemp -d)"; cp envs/requirements.txt "$pp/"
+  python3 -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > "$pp/constraints.txt"
+  CUDA_HOME="$(dirname "$(dirname "$(command -v nvcc)")")" PIPELINE_DIR="$pp" PIP_FIND_LINKS="$PWD/.sdist" \
+    PIP_NO_INDEX=1 PIP_NO_DEPS=1 bash containers/install.sh cuda ops > "$OUT/ops_build.log" 2>&1 || exit 1
+  tail -n 1 "$OUT/ops_build.log"
 fi
 # the copy travels without .git: the commit it was made from, written beside it (git rev-parse HEAD > .pipeline_commit)
 [ -f .pipeline_commit ] && export PIPELINE_COMMIT="$(cat .pipeline_commit)"
