@@ -16,7 +16,7 @@ from conftest import overlay, snakemake
 # so); torch_compile=True is the GPU benchmark's (compiling on two CPU cores would double the suite's time), and so
 # is the ceiling's compiled loop (here it runs eager).
 BENCH = {"model": "gpt2-tiny", "world_size": 2, "strategies": ["zero2"], "rounds": 1,
-         "trainer_settings": ["eager", "liger"], "harness": {"compile_loss": True}, "ceiling": {"compile": False},
+         "trainer_settings": ["eager", "liger"], "harness": {}, "ceiling": {"compile": False},
          "levers": [{"name": "eager", "train": {}},
                     {"name": "compiled", "train": {"compile_loss": True, "compile_blocks": True}}]}
 

@@ -12,22 +12,29 @@ SECRETS = {"HF_TOKEN": "hf_" + "s3cretvalue" * 4, "WANDB_API_KEY": "wandbkey" * 
 
 
 # the default study's data settings: its prepared data is shared (study.data_dir), nothing prepared again
+# ddp's levers are measured; fsdp sets its own, so it gets no trial (a study that sets a lever has chosen)
 REPEATS = {"results_dir": "results/repeats", "work_dir": "work/repeats", "strategies": ["ddp", "fsdp"], "repeats": 2,
+           "groups": [{"models": ["gpt2-tiny"], "strategies": ["ddp"], "world_sizes": [2]},
+                      {"models": ["gpt2-tiny"], "strategies": ["fsdp"], "world_sizes": [2],
+                       "train": {"compile_blocks": False, "compile_loss": False}}],
            "train": {"max_steps": 8, "tensorboard": True},
            "auto_levers": {"by": "measurement", "candidates": ["eager", "loss", "model_graphs"], "steps": 2,
                            "cache": "work/lever_decisions"}}  # this study's own: its first trial measures
+MEASURED = ["ddp"]
 
 
 @pytest.fixture(scope="module")
 def repeated(default_study):
-    """ddp and fsdp, two repeats each, their `auto` levers measured, TensorBoard on, secrets in the environment."""
+    """ddp and fsdp, two repeats each, ddp's `auto` levers measured, TensorBoard on, secrets in the environment."""
     snakemake(default_study, *overlay(default_study, "repeats", **REPEATS), env=SECRETS, report=True)
     return default_study / "results/repeats"
 
 
 def test_measured_levers_are_the_trials_fastest_and_every_repeat_runs_them(repeated):
     runs = pd.read_csv(repeated / "tables/runs.csv").set_index(["strategy", "repeat"])
-    for strategy in REPEATS["strategies"]:
+    assert not (repeated / "levers/gpt2-tiny/fsdp").exists()  # its levers were set: nothing to measure
+    assert not runs.loc[("fsdp", 0), "compile_loss"] and not runs.loc[("fsdp", 0), "compile_blocks"]
+    for strategy in MEASURED:
         trial = json.loads((repeated / f"levers/gpt2-tiny/{strategy}/ws2.json").read_text())
         speed = {r["candidate"]: r["tokens_per_s"] for r in trial["candidates"]}
         assert sorted(speed) == ["eager", "loss"] and all(v > 0 for v in speed.values())
@@ -48,9 +55,9 @@ def test_a_second_study_of_the_same_shapes_reads_the_cached_decisions_without_a_
     args = overlay(default_study, "repeats_cached", **{**REPEATS, "results_dir": "results/repeats-cached",
                                                        "work_dir": "work/repeats-cached",
                                                        "train": {**REPEATS["train"], "max_steps": 6}})
-    targets = [f"results/repeats-cached/levers/gpt2-tiny/{s}/ws2.json" for s in REPEATS["strategies"]]
+    targets = [f"results/repeats-cached/levers/gpt2-tiny/{s}/ws2.json" for s in MEASURED]
     snakemake(default_study, *targets, *args)
-    for strategy, target in zip(REPEATS["strategies"], targets):
+    for strategy, target in zip(MEASURED, targets):
         first = json.loads((repeated / f"levers/gpt2-tiny/{strategy}/ws2.json").read_text())
         again = json.loads((default_study / target).read_text())
         assert again["chosen_train"] == first["chosen_train"] and again["candidates"] == first["candidates"]
@@ -69,7 +76,7 @@ def test_a_verification_rerun_replays_the_measured_levers_without_a_trial(defaul
     done = snakemake(default_study, *args, "-n", "-p")  # -p: the planned shell commands, each with its run spec
     jobs = _planned(done)
     assert jobs.get("train") == 4 and "lever_trial" not in jobs, jobs
-    for strategy in REPEATS["strategies"]:
+    for strategy in MEASURED:
         chosen = json.loads((repeated / f"levers/gpt2-tiny/{strategy}/ws2.json").read_text())["chosen_train"]
         spec = next(json.loads((default_study / line.split("--spec ", 1)[1].split()[0]).read_text())
                     for line in done.stdout.splitlines()
