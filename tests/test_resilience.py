@@ -1,6 +1,6 @@
 """Failure paths: a training job stopped by SIGTERM or killed with SIGKILL resumes from its checkpoint when
 Snakemake reruns it (the losses of an uninterrupted run); an out-of-memory run becomes an `oom` row while the study
-completes."""
+completes; a workflow whose starting shell exits keeps its jobs."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import time
 import pandas as pd
 import psutil
 import pytest
-from conftest import overlay, snakemake
+from conftest import REPO, overlay, snakemake
 
 
 def test_sigterm_to_the_workflow_stops_at_a_step_boundary_and_the_rerun_resumes(default_study):
@@ -108,3 +108,35 @@ def test_out_of_memory_becomes_a_row_and_the_study_completes(default_study):
     assert runs.reason.str.contains("injected allocation failure at step 3").all()
     assert (wd / "results/oom/figures/peak_memory.png").exists()
     assert "oom" in (wd / "results/oom/tables/summary.md").read_text().lower()
+
+
+PROBE = """import sys, time
+from pathlib import Path
+from workflow_scripts.training import workflow_watch
+out = Path(sys.argv[1])
+fired = []
+workflow_watch.watch(fired.append, poll_s=0.1)
+(out.parent / "started").touch()
+while not (out.parent / "shell_gone").exists():
+    time.sleep(0.1)
+time.sleep(1.0)  # ten polls after Snakemake was adopted
+out.write_text(fired[0] if fired else "still watching")
+"""
+
+
+def test_a_workflow_whose_shell_exits_keeps_its_jobs(tmp_path):
+    """`nohup snakemake ... &` from a shell that then exits: Snakemake is adopted by init while a job runs, and the
+    job's watch (workflow_watch: the ancestry up to Snakemake) does not stop it; a killed Snakemake still does
+    (test_killing_the_workflow_leaves_no_rank_and_the_readme_rerun_resumes)."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "Snakefile").write_text(
+        f'rule probe:\n    output: "done.txt"\n    shell: "PYTHONPATH={REPO} {sys.executable} {tmp_path}/probe.py '
+        f'{tmp_path}/done.txt"\n')
+    shell = subprocess.Popen(["bash", "-c", f"nohup {sys.executable} -m snakemake --cores 1 > sm.log 2>&1 & "
+                              "while [ ! -e started ] && kill -0 $! 2>/dev/null; do sleep 0.1; done"], cwd=tmp_path)
+    assert shell.wait(timeout=120) == 0 and (tmp_path / "started").exists(), (tmp_path / "sm.log").read_text()[-2000:]
+    (tmp_path / "shell_gone").touch()
+    deadline = time.time() + 60
+    while not (tmp_path / "done.txt").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert (tmp_path / "done.txt").read_text() == "still watching", (tmp_path / "sm.log").read_text()[-2000:]

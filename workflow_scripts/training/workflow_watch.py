@@ -3,10 +3,12 @@
 Snakemake runs a job as `bash -c '... python -m workflow_scripts.job.launch ...'`; when Snakemake alone is
 killed (SIGKILL from a batch system, the OOM killer, a closed terminal) the shell and the launcher are not, and
 the launcher would train to the end and write outputs nobody collects. The launcher therefore watches its
-ancestry: it records each ancestor and that ancestor's parent when it starts, and when any of them changes (an
-ancestor died, its child was adopted by init or a subreaper) it kills torchrun (whose ranks die with it:
-loop.die_with_parent) and exits; the VRAM sampler stops when its stdin, the launcher's pipe, closes. Linux only
-(/proc); elsewhere nothing is watched.
+ancestry up to the Snakemake that started it (watched): it records each ancestor and that ancestor's parent when it
+starts, and when any of them changes (an ancestor died, its child was adopted by init or a subreaper) it kills
+torchrun (whose ranks die with it: loop.die_with_parent) and exits; the VRAM sampler stops when its stdin, the
+launcher's pipe, closes. What lies above Snakemake is not watched: a workflow started with `nohup ... &` from a
+shell that then exits lives on, and so do its jobs. A launcher with no Snakemake above it watches its parent. Linux
+only (/proc); elsewhere nothing is watched.
 """
 from __future__ import annotations
 
@@ -69,13 +71,24 @@ def ancestry(pid: int) -> list[tuple[int, int]]:
     return chain
 
 
-def broken(chain: list[tuple[int, int]]) -> str | None:
-    """Which ancestor is gone or was re-parented since `chain` was recorded, or None."""
+def watched(chain: list[tuple[int, int]],
+            snakemake: Callable[[int], bool] = is_snakemake) -> list[tuple[int, int | None]]:
+    """The part of an ancestry a job depends on: up to the Snakemake that started it, which must stay alive but
+    may be adopted (its parent None: not compared); without a Snakemake above, the launcher's parent alone."""
+    for i, (pid, _) in enumerate(chain):
+        if snakemake(pid):
+            return [*chain[:i], (pid, None)]
+    return chain[:1]
+
+
+def broken(chain: list[tuple[int, int | None]]) -> str | None:
+    """Which ancestor is gone or was re-parented since `chain` was recorded (a parent of None: gone only), or
+    None."""
     if chain and os.getppid() != chain[0][0]:
         return f"this launcher's parent {chain[0][0]} is gone"
     for pid, parent in chain:
         now = parent_of(pid)
-        if now != parent:
+        if now is None or (parent is not None and now != parent):
             return f"ancestor {pid} " + ("is gone" if now is None else f"lost its parent {parent}")
     return None
 
@@ -84,7 +97,7 @@ def watch(on_orphaned: Callable[[str], None], poll_s: float = POLL_S) -> threadi
     """Start a daemon thread that calls on_orphaned(reason) once when the ancestry breaks."""
     if not sys.platform.startswith("linux"):
         return None
-    chain = ancestry(os.getpid())
+    chain = watched(ancestry(os.getpid()))
 
     def run():
         stop = threading.Event()
