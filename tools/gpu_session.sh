@@ -9,8 +9,8 @@
 # toolkit, so the study loads pre-built ops as in the image; needs .sdist/ carried too (DeepSpeed's sdist and a
 # ninja wheel: `pip download --no-deps --no-binary :all: deepspeed==<pin>`). Then `pytest tests/test_gpu_ops.py`
 # checks the ops against references.
-# Run it in the foreground of one command: a launcher whose ancestor is re-parented (a command that ends while a
-# background study runs on) stops its run, as it does when the workflow dies.
+# A study longer than one command can run under `setsid` across several: the jobs watch their ancestry only up to
+# Snakemake (training/workflow_watch.py), so the first command's shell ending stops nothing.
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
