@@ -192,6 +192,19 @@ def lever_trial_of(wildcards):
     return fair_spec(wildcards).train.get("lever_trial") or []
 
 
+class RunWildcards(dict):
+    """A run's wildcards outside a job (model, strategy, layout, repeat), read as Snakemake's are."""
+
+    __getattr__ = dict.__getitem__
+
+
+def lever_trials(wildcards=None):
+    """Every lever trial the study's runs read (measured `auto`), for the findings' lever table; none where the
+    levers are decided by rule, forced or replayed."""
+    return sorted({t for (m, s, k) in RUNS
+                   for t in [lever_trial_of(RunWildcards(model=m, strategy=s, layout=k, repeat="0"))] if t})
+
+
 def lever_trial_plan(wildcards):
     """The lever trial's file: its candidates' run specs, the configuration's shape and where decisions are cached
     (workflow_scripts.study.lever_trial_specs)."""

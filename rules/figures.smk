@@ -76,6 +76,7 @@ rule findings:
     input:
         runs=rules.parse.output.runs,
         verify=verified,
+        levers=lever_trials,
         code=stage_code("report.findings", "report.tables", "report.stats"),
     output:
         md=report(
@@ -93,4 +94,4 @@ rule findings:
         verify=lambda w, input: f"--verify {input.verify[0]}" if input.verify else "",
     shell:
         "python3 -m workflow_scripts.report.findings --runs {input.runs} {params.verify} --study {params.study:q} "
-        "--md {output.md} --rst {output.rst} > {log} 2>&1"
+        "--levers {input.levers} --md {output.md} --rst {output.rst} > {log} 2>&1"

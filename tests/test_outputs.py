@@ -33,6 +33,8 @@ def repeated(default_study):
 def test_measured_levers_are_the_trials_fastest_and_every_repeat_runs_them(repeated):
     runs = pd.read_csv(repeated / "tables/runs.csv").set_index(["strategy", "repeat"])
     assert not (repeated / "levers/gpt2-tiny/fsdp").exists()  # its levers were set: nothing to measure
+    findings = (repeated / "tables/findings.md").read_text().split("## Lever decisions\n")[1]
+    assert "| gpt2-tiny | ddp | ws2 |" in findings and "| 1 measured, 0 cached |" in findings
     assert not runs.loc[("fsdp", 0), "compile_loss"] and not runs.loc[("fsdp", 0), "compile_blocks"]
     for strategy in MEASURED:
         trial = json.loads((repeated / f"levers/gpt2-tiny/{strategy}/ws2.json").read_text())

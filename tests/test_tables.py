@@ -378,6 +378,37 @@ def test_findings_give_verifys_verdict(tmp_path):
         ["gpt2-tiny", "fsdp", "ws1", "0", "differs-unexplained", "throughput 0.71x"]]
 
 
+def test_findings_say_what_deciding_the_levers_cost(tmp_path):
+    """Two lever trials: ddp measured in 30.0 s (eager 1,000, model_graphs 2,500 tokens/s), zero2 read from the cache
+    in 0.02 s. Every timed run's launch takes 10 s: deciding is 30.02 s of 10 s x the rows."""
+    import json
+
+    from workflow_scripts.report import findings
+
+    paths = make_study(tmp_path / "in")
+    runs = pd.read_csv(paths["runs"]).assign(launch_wall_s=10.0)  # every repeat 10 s from start to exit
+    runs.to_csv(paths["runs"], index=False)
+    launch = 10.0 * len(runs)
+    ddp = {"chosen": "model_graphs", "decided_s": 30.0, "cache": {"hit": False},
+           "candidates": [{"candidate": "eager", "status": "ok", "tokens_per_s": 1000.0},
+                          {"candidate": "model_graphs", "status": "ok", "tokens_per_s": 2500.0}]}
+    zero2 = {**ddp, "decided_s": 0.02, "cache": {"hit": True}}
+    files = []
+    for strategy, verdict in (("ddp", ddp), ("zero2", zero2)):
+        f = tmp_path / f"levers/gpt2-tiny/{strategy}/ws1.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps(verdict))
+        files.append(str(f))
+    findings.main(["--runs", str(paths["runs"]), "--levers", *files, "--md", str(tmp_path / "f.md"),
+                   "--rst", str(tmp_path / "f.rst")])
+    rows = md_rows((tmp_path / "f.md").read_text(), "Lever decisions")
+    assert rows[0] == ["gpt2-tiny", "ddp", "ws1", "model_graphs", "measurement", "eager 1,000; model_graphs 2,500",
+                       "30.0"]
+    assert rows[1][4] == "cache" and rows[1][6] == "0.0"
+    assert rows[2][4] == "1 measured, 1 cached" and rows[2][6] == "30.0"
+    assert rows[2][5].startswith(f"{100 * 30.02 / launch:.0f} % of the timed runs' {launch:,.0f} s [")
+
+
 def test_findings_rst_renders_without_docutils_warnings(tmp_path):
     """The report's first page: every table and footnote parses (a docutils warning would show in the page)."""
     from docutils.core import publish_parts

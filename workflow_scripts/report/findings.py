@@ -12,6 +12,9 @@ Tables, each with numbered notes under it:
 - Not measured  the rows that ended oom, unsupported or failed (or lost a repeat), with the reason each gives.
 - Reproduction  with a verify output (target verify): the rows per verdict, and each row neither reproduced nor
                 explained with why.
+- Lever decisions  with lever trials (measured `auto` levers: job/lever_trial.py): per configuration what was
+                chosen, measured or read from the machine's cache, each candidate's tokens/s and the seconds
+                deciding took, against the timed runs' launch time.
 
 Strategies kept out of figures (zero0, identical to ddp) are left out of the rankings and named in a note.
 Throughput is tokens/s, images/s for image classifiers; peak memory is the summary table's (tables.peak_memory).
@@ -239,7 +242,7 @@ def study_line(study: str, summary: pd.DataFrame, runs: pd.DataFrame) -> str:
             f"{int((runs['status'] == C.OK).sum())} ok; platform {platforms}.")
 
 
-def build(runs: pd.DataFrame, reproduction: pd.DataFrame | None) -> list[Table]:
+def build(runs: pd.DataFrame, reproduction: pd.DataFrame | None, trials: dict | None = None) -> list[Table]:
     summary = summary_rows(runs)
     if summary.empty:
         return [Table("Findings", ["Runs"], [["none"]])]
@@ -248,7 +251,44 @@ def build(runs: pd.DataFrame, reproduction: pd.DataFrame | None) -> list[Table]:
     tables += [t for t in [not_measured_table(summary)] if t]
     if reproduction is not None:
         tables += verify_tables(reproduction)
+    if trials:
+        tables.append(lever_table(trials, runs))
     return tables
+
+
+def lever_table(trials: dict, runs: pd.DataFrame) -> Table:
+    """`trials`: {(model, strategy, layout): the lever trial's verdict}. Deciding time against the timed runs' launch
+    time (runs.csv launch_wall_s: process start, compilation and training of every repeat)."""
+    t = Table("Lever decisions", ["Model", "Strategy", "Layout", "Chosen", "Decided by", "Candidates (tokens/s)",
+                                  "Deciding (s)"])
+    for (model, strategy, layout), v in sorted(trials.items()):
+        speeds = "; ".join(f"{r['candidate']} {r['tokens_per_s']:,.0f}" if r.get("tokens_per_s")
+                           else f"{r['candidate']} {r['status']}" for r in v.get("candidates", []))
+        by = "cache" if (v.get("cache") or {}).get("hit") else "measurement"
+        t.rows.append([model, strategy, layout, v["chosen"], by, speeds or "–", f"{v.get('decided_s', 0):.1f}"])
+    decided = sum(float(v.get("decided_s") or 0) for v in trials.values())
+    cached = sum(bool((v.get("cache") or {}).get("hit")) for v in trials.values())
+    launch = pd.to_numeric(runs.get("launch_wall_s", pd.Series(dtype=float)), errors="coerce").sum()
+    mark = t.note("the timed runs' launch time: every repeat from process start to exit (start-up, compilation, "
+                  "training), summed over runs.csv's launch_wall_s")
+    share = f"{100 * decided / launch:.0f} % of the timed runs' {launch:,.0f} s{mark}" if launch > 0 else "–"
+    t.rows.append(["all", "", "", "", f"{len(trials) - cached} measured, {cached} cached", share, f"{decided:.1f}"])
+    t.notes.append("Candidates the rule knows cannot win are left out (training/levers.py); each configuration's "
+                   "verdict: levers/<model>/<strategy>/<layout>.json.")
+    return t
+
+
+def read_trials(paths: list[str]) -> dict:
+    """The lever trials' verdicts, keyed by the (model, strategy, layout) of their path .../<m>/<s>/<layout>.json."""
+    import json
+
+    out = {}
+    for path in paths:
+        p = Path(path)
+        if not p.exists():
+            raise SystemExit(f"findings: --levers {p}: no such file")
+        out[(p.parent.parent.name, p.parent.name, p.stem)] = json.loads(p.read_text())
+    return out
 
 
 # ---------------------------------------------------------------- rendering
@@ -304,12 +344,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", required=True, help="runs.csv from the parse stage")
     ap.add_argument("--verify", default=None, help="verify/reproduction.csv of target verify, where it exists")
+    ap.add_argument("--levers", nargs="*", default=[], help="the study's lever trial verdicts, where measured")
     ap.add_argument("--study", default="", help="the study's name (config study)")
     ap.add_argument("--md", required=True, help="where findings.md goes")
     ap.add_argument("--rst", required=True, help="where findings.rst (the report's first page) goes")
     args = ap.parse_args(argv)
     runs = read_runs(args.runs)
-    tables = build(runs, read_reproduction(args.verify))
+    tables = build(runs, read_reproduction(args.verify), read_trials(args.levers))
     line = study_line(args.study, summary_rows(runs), runs) if len(runs) else f"Study {args.study}: no runs."
     title = f"What the {args.study} study found" if args.study else "What the study found"
     for path, text in ((args.md, markdown(title, line, tables)), (args.rst, rst(title, line, tables))):
