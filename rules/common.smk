@@ -201,8 +201,10 @@ class RunWildcards(dict):
 def lever_trials(wildcards=None):
     """Every lever trial the study's runs read (measured `auto`), for the findings' lever table; none where the
     levers are decided by rule, forced or replayed."""
-    return sorted({t for (m, s, k) in RUNS
-                   for t in [lever_trial_of(RunWildcards(model=m, strategy=s, layout=k, repeat="0"))] if t})
+    first = [
+        RunWildcards(model=m, strategy=s, layout=k, repeat="0") for (m, s, k) in RUNS
+    ]
+    return sorted({t for t in map(lever_trial_of, first) if t})
 
 
 def lever_trial_plan(wildcards):
