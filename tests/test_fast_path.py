@@ -139,8 +139,9 @@ def test_what_counts_as_compiled_for_the_memory_model():
 def test_the_whole_model_compiled_trains_as_eager_on_one_unwrapped_rank(token_data, tmp_path):
     """train.compile_model on one CPU rank: the same losses as the eager run (the reference run the sequence-parallel
     test shares, conftest.run_layout) within float tolerance, no DDP wrapper there (one rank's all-reduce is the
-    identity), the lever recorded; refused before any job on a tensor-parallel layout. Its speed is measured on a
-    GPU (BENCHMARKS.md Part 1c)."""
+    identity), the lever recorded; validation runs the uncompiled module, so the loss before training (the same
+    seeded weights) is the eager run's to the bit; refused before any job on a tensor-parallel layout. Its speed is
+    measured on a GPU (BENCHMARKS.md Part 1c)."""
     import json
 
     import pytest
@@ -148,11 +149,13 @@ def test_the_whole_model_compiled_trains_as_eager_on_one_unwrapped_rank(token_da
 
     from workflow_scripts import config_check
 
-    _, eager = run_layout(token_data, tmp_path, "1d", "qwen2-tiny", "ddp", {"dp": 1})
-    _, whole = run_layout(token_data, tmp_path, "whole", "qwen2-tiny", "ddp", {"dp": 1}, compile_model=True)
+    first, eager = run_layout(token_data, tmp_path, "1d", "qwen2-tiny", "ddp", {"dp": 1})
+    compiled, whole = run_layout(token_data, tmp_path, "whole", "qwen2-tiny", "ddp", {"dp": 1}, compile_model=True)
     settings = json.loads((tmp_path / "whole/out/strategy_settings.json").read_text())
     assert settings["engine"].startswith("the model itself: one rank")
     assert settings["harness"]["compile_model"] == "torch.compile(Qwen2ForCausalLM, mode=default)"
+    assert settings["harness"]["validation"].startswith("eager")
+    assert compiled["val_loss_initial"] == first["val_loss_initial"]
     assert whole == pytest.approx(eager, abs=1e-4) and whole[-1] < whole[0]
     refused = config_check.layout_problems({"train": {"compile_model": True}, "data": {}, "models": ["gpt2-tiny"],
                                             "strategies": ["ddp"], "world_sizes": [], "layouts": [{"dp": 1, "tp": 2}]})

@@ -165,16 +165,19 @@ def trial_candidates(names: list[str], platform: str, data_only: bool, family: s
 
 def dominated(run: dict) -> dict:
     """On a GPU, the runnable candidates that cannot win beside the others ({name: why}), from the committed GPU
-    measurements (benchmarks/2026-11-24-compile-regimes-h100.md, 2026-11-21-levers-h200.md): eager and the compiled
-    loss alone lost to compiled blocks wherever those run (GEMM-bound shapes: 1.9x); the compiled loss alone lost to
-    the whole model with CUDA graphs (host-bound shapes: 2.3x over eager); the whole model without graphs stays, run
-    by the trial only if the graphs fail (FALLBACK). Eager stays at host-bound shapes: the comparison costs
-    no compilation."""
+    measurements (benchmarks/2026-11-24-compile-regimes-h100.md, 2026-11-21-levers-h200.md,
+    2026-12-02-defaults-h200.md): eager and the compiled loss alone lost to compiled blocks wherever those run
+    (GEMM-bound shapes: 1.9x); beside the whole model with CUDA graphs they lost at every host-bound shape measured
+    (eager at 0.44-0.47x under DDP, ZeRO-1 and ZeRO-2 on an H200, the loss alone below it); the whole model without
+    graphs stays, run by the trial only if the graphs fail (FALLBACK). Where nothing finishes the run is eager
+    anyway (lever_trial.choose)."""
     out = {}
     if "blocks" in run:
         out.update({k: "compiled blocks beat it at this FLOP per block call" for k in ("eager", "loss") if k in run})
     if "model_graphs" in run:
-        out.setdefault("loss", "the whole model with CUDA graphs beats the compiled loss alone")
+        for k in ("eager", "loss"):
+            if k in run:
+                out.setdefault(k, "the whole model with CUDA graphs beats it at this shape")
     return out
 
 
@@ -233,7 +236,8 @@ def apply_to_engine(engine, train: dict, strategy) -> dict:
     done = strategy.compile_model(engine, mode)
     # every strategy's compiled model replays CUDA graphs in this mode: the engine marks each step (Engine.cuda_graphs)
     engine.cuda_graphs = mode == "reduce-overhead" and engine.ctx.device.type == "cuda"
-    return done
+    engine.eager_eval = True  # validation runs uncompiled: no inference graph compiled beside the training one
+    return {**done, "validation": "eager (the uncompiled module: Engine.eager_eval)"}
 
 
 def loss_function(train: dict):

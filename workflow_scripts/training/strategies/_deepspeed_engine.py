@@ -67,11 +67,8 @@ class DeepSpeedEngine(Engine):
             self.settings["grad_norm"] = foreach_grad_norm(self.module.optimizer) if foreach else PER_TENSOR
         self._last = True
 
-    def forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or not self.module.is_deepcompile_active():
-            return super().forward_loss(tokens)
-        with eager_call(self.module.module):  # validation under DeepCompile: see eager_call
-            return super().forward_loss(tokens)
+    def uncompiled(self):
+        return eager_call(self.module.module)
 
     def micro_step(self, last: bool):
         self._last = last
@@ -96,10 +93,10 @@ class DeepSpeedEngine(Engine):
 
 @contextlib.contextmanager
 def eager_call(module: torch.nn.Module):
-    """The module's own forward for the calls inside, not the compiled one `nn.Module.compile` installed: validation
-    (no gradients) under DeepCompile, whose inference graph of GPT-2 fails on an H100 (torch 2.11, DeepSpeed
-    0.19.8: "expected Tensor() for op: torch.ops.aten._scaled_dot_product_cudnn_attention.default"). The same
-    arithmetic, eager; training steps stay compiled."""
+    """The module's own forward for the calls inside, not the compiled one `nn.Module.compile` installed
+    (`DeepSpeedEngine.compile`): validation under a whole-model compile (Engine.eager_eval). Under DeepCompile it is
+    also the only way: its inference graph of GPT-2 fails on an H100 (torch 2.11, DeepSpeed 0.19.8: "expected
+    Tensor() for op: torch.ops.aten._scaled_dot_product_cudnn_attention.default"). Training steps stay compiled."""
     compiled, module._compiled_call_impl = module._compiled_call_impl, None
     try:
         yield
@@ -113,7 +110,7 @@ def deepspeed_compile_model(engine: Engine, mode: str) -> dict:
     engine.module.compile(compile_kwargs={"mode": mode})
     out = {"compile_model": f"DeepSpeedEngine.compile(mode={mode})"}
     if engine.module.is_deepcompile_active():
-        out["deepcompile"] = "DeepSpeed's DeepCompile backend for training steps; validation eager (eager_call)"
+        out["deepcompile"] = "DeepSpeed's DeepCompile backend for training steps"
     return out
 
 

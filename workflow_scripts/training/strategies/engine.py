@@ -55,6 +55,7 @@ class Engine:
     module: torch.nn.Module
     settings: dict
     cuda_graphs: bool = False  # the model replays CUDA graphs (compile_model with compile_mode reduce-overhead)
+    eager_eval: bool = False  # validation runs the module uncompiled (compile_model: levers.apply_to_engine)
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -106,7 +107,12 @@ class Engine:
         raise NotImplementedError
 
     def eval_mode(self):
-        return _EvalMode(self.module)
+        return _EvalMode(self)
+
+    def uncompiled(self):
+        """The calls inside run the module's own forward, not the whole-model compile's (compile_model: a
+        torch.compile wrapper, its original module at `_orig_mod`)."""
+        return _swapped(self, getattr(self.module, "_orig_mod", self.module))
 
     def save(self, path: str) -> None:
         raise NotImplementedError
@@ -116,17 +122,32 @@ class Engine:
 
 
 class _EvalMode:
-    def __init__(self, module):
-        self.module = module
+    """Validation: the module in eval mode without gradients; under a whole-model compile (Engine.eager_eval) its
+    uncompiled forward, the same for every lever set, so validation compiles no second (inference) graph and
+    records no CUDA graphs of its own."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self):
-        self.module.eval()
-        self._grad = torch.no_grad()
-        self._grad.__enter__()
+        self.engine.module.eval()
+        self._stack.enter_context(torch.no_grad())
+        if self.engine.eager_eval:
+            self._stack.enter_context(self.engine.uncompiled())
 
     def __exit__(self, *exc):
-        self._grad.__exit__(*exc)
-        self.module.train()
+        self._stack.close()
+        self.engine.module.train()
+
+
+@contextlib.contextmanager
+def _swapped(engine: Engine, module: torch.nn.Module):
+    compiled, engine.module = engine.module, module
+    try:
+        yield
+    finally:
+        engine.module = compiled
 
 
 def compile_blocks(model: torch.nn.Module, mode: str) -> dict:
