@@ -17,7 +17,9 @@ pytest.importorskip("deepspeed")
 
 def test_the_quantizer_rounds_each_group_to_its_int8_step():
     """Symmetric int8 per group: the step is the group's largest magnitude over 127, and every value comes back
-    within one step of the input, as torch's own rounding at that step gives."""
+    within one step of the input plus two fp16 roundings, of the group's scale and of the result (half an ulp
+    each, at most |x| x 2^-10 together; an H200 measured 1.044 steps where |x| is near 127 steps: 0.124 allowed
+    there), as torch's own rounding at that step gives for nearly every value."""
     from deepspeed.ops.op_builder import QuantizerBuilder
 
     q_op = QuantizerBuilder().load()
@@ -31,8 +33,9 @@ def test_the_quantizer_rounds_each_group_to_its_int8_step():
     ref = x.float().view(groups, size)
     step = ref.abs().amax(dim=1, keepdim=True) / 127
     rounded = torch.round(ref / step).clamp(-127, 127) * step
-    assert ((back - ref).abs() / step).max() <= 1.01
-    assert ((back - rounded).abs() <= 1.01 * step).float().mean() > 0.99
+    fp16 = ref.abs() * 2.0**-10  # the fp16 scale's and result's rounding
+    assert ((back - ref).abs() - fp16).div(step).max() <= 1.0 + 1e-3
+    assert ((back - rounded).abs() <= step + fp16).float().mean() > 0.99
 
 
 def test_fused_adam_takes_the_steps_of_torchs_adamw():

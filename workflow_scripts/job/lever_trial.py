@@ -91,6 +91,19 @@ def measured(s: dict) -> dict:
             "peak_allocated_gib": None if peak is None else peak / GIB, "final_loss": s.get("final_loss")}
 
 
+def steady_pace(s: dict) -> dict:
+    """A candidate's speed in the trial: a step's tokens over the median of its few timed steps' times (its MFU
+    scaled alike), the run's mean beside it. One slow step in `auto_levers.steps` (a first collective, a kernel
+    compiled late on a cold machine: 1 of 8 steps measured the first candidate on a fresh H200 at a quarter of its
+    pace) moves the mean; the median is the pace the timed runs settle at."""
+    mean, median, tokens = s.get("tokens_per_s"), s.get("step_time_median_s"), s.get("tokens_per_step")
+    if not (mean and median and tokens):
+        return {}
+    pace = tokens / median
+    return {"tokens_per_s": pace, "mean_tokens_per_s": mean,
+            "mfu": s["mfu"] * pace / mean if s.get("mfu") is not None else None}
+
+
 def first_losses(out_dir: Path, n: int = 3) -> list[float]:
     """The first steps' losses of a candidate's run (the candidates train the same steps: a lever that changed the
     numerics shows here)."""
@@ -120,7 +133,8 @@ def choose(rows: list[dict], skipped: dict) -> dict:
 
 
 def trial(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict:
-    """Every candidate's run (specs: name -> run spec), one after another; the verdict and the rows. A fallback
+    """Every candidate's run (specs: name -> run spec), one after another; the verdict and the rows (each at its
+    steady pace: steady_pace). A fallback
     (levers.FALLBACK: the whole model without CUDA graphs) runs last, and only where the candidate it stands behind
     did not finish."""
     rows, skipped = [], dict(skipped)
@@ -134,7 +148,7 @@ def trial(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict:
         print(f"candidate {name}: {json.dumps(levers.CANDIDATES[name], sort_keys=True)}", flush=True)
         started = time.time()
         s = run_launcher(spec)
-        rows.append({"candidate": name, **measured(s), "wall_s": round(time.time() - started, 1),
+        rows.append({"candidate": name, **measured(s), **steady_pace(s), "wall_s": round(time.time() - started, 1),
                      "first_losses": first_losses(Path(spec.out_dir)), "reason": s.get("reason")})
     return {**choose(rows, skipped), "candidates": rows, "skipped": skipped}
 
