@@ -428,3 +428,20 @@ def test_a_throughput_ratio_follows_the_measure_that_bounds_the_step():
     # 1e8 x 4 bytes x 2 x 1/2 at 100 GB/s = 4 ms of a 54.6 ms step
     assert bound.shares(two, old2)["communication"] == pytest.approx(0.004 / (4096 / 150_000))
     assert bound.shares({**row, "platform": "cpu"}, old) == {"compute": 0.0, "communication": 0.0, "host": 1.0}
+
+
+def test_verify_names_the_changed_modules_nearest_the_strategy_first():
+    """`changed` names at most six modules: a DDP row its own strategy module first, then its family's engine, the
+    other strategy modules, the training package and the rest (each group in the order found); a ZeRO-2 row its
+    DeepSpeed engine first."""
+    from workflow_scripts.report.verify import nearness
+
+    changed = ["report/figures.py", "training/loop.py", "training/strategies/_deepspeed_engine.py",
+               "training/strategies/engine.py", "training/strategies/_ddp_engine.py", "training/strategies/ddp.py",
+               "job/launch.py"]
+    assert sorted(changed, key=lambda m: nearness(m, "ddp")) == [
+        "training/strategies/ddp.py", "training/strategies/_ddp_engine.py", "training/strategies/_deepspeed_engine.py",
+        "training/strategies/engine.py", "training/loop.py", "report/figures.py", "job/launch.py"]
+    assert sorted(changed, key=lambda m: nearness(m, "zero2"))[:4] == [
+        "training/strategies/_deepspeed_engine.py", "training/strategies/engine.py",
+        "training/strategies/_ddp_engine.py", "training/strategies/ddp.py"]

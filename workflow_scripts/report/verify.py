@@ -238,9 +238,24 @@ def pipeline_change(committed: Path, rerun: Path, key) -> str | None:
         return None if commits[0] == commits[1] else f"{head} (the modules that changed are not recorded)"
     if not changed:
         return None
-    shown = [m.removeprefix("workflow_scripts/") for m in changed]
+    shown = sorted((m.removeprefix("workflow_scripts/") for m in changed), key=lambda m: nearness(m, key[1]))
     more = f" and {len(shown) - 6} more" if len(shown) > 6 else ""
     return f"{head}, changed: {', '.join(shown[:6])}{more}"
+
+
+def nearness(module: str, strategy: str) -> int:
+    """How close a changed module is to a strategy's runs, for the order `changed` names them in: the strategy's
+    own module, its family's modules (training/strategies/_<family>*.py: the engine), the engine interface and the
+    other strategy modules, the training loop's package, then the rest."""
+    from workflow_scripts.training.strategies import STRATEGIES
+
+    family = STRATEGIES[strategy].family if strategy in STRATEGIES else strategy
+    name = module.rsplit("/", 1)[-1]
+    if module.startswith("training/strategies/"):
+        if name == f"{strategy}.py":
+            return 0
+        return 1 if name.startswith(f"_{family}") else 2
+    return 3 if module.startswith("training/") else 4
 
 
 def row_verdict(key, new: pd.DataFrame, old: pd.DataFrame, rerun: Path, committed: Path, cals, tol,
