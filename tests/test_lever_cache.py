@@ -127,6 +127,32 @@ def test_a_trial_records_the_candidates_it_leaves_out_and_why(tmp_path, launches
     assert list(mb16["specs"]) == ["blocks", "model", "model_graphs"] and set(mb16["skipped"]) == {"eager", "loss"}
 
 
+def test_one_candidate_left_is_chosen_by_rule_without_a_launch(tmp_path, launches):
+    """On a GPU at GPT-2-medium micro-batch 4 (host-bound) only the whole model with CUDA graphs can win, the model
+    without graphs behind it: nothing to compare, so no candidate launches and the verdict names the fallback; a
+    run's settings then come from it, and after a failure from the fallback (levers.apply_fallback). Where the
+    candidates leave a choice (micro-batch 16: blocks against the graphs) the trial measures."""
+    gpu = config(tmp_path, platform="cuda", world_sizes=[1], models=["gpt2-medium"], data={"block_size": 1024})
+    plan = plan_file(gpu, tmp_path, model="gpt2-medium", strategy="zero2", world=1,
+                     overrides={"micro_batch_size": 4})
+    result = lever_trial.decide(plan)
+    assert launches == [] and result["by"] == "rule" and result["candidates"] == []
+    assert result["chosen"] == "model_graphs" and result["fallback"] == "model"
+    assert result["why"].startswith("rule: model_graphs, the one candidate that can win here, no trial launched; "
+                                    "model if it fails in the run; ")
+    assert result["decided_s"] < 1.0
+    verdict = tmp_path / "verdict.json"
+    verdict.write_text(json.dumps(result))
+    train = {"seed": 1, "lever_trial": str(verdict)}
+    assert levers.apply_trial(train)["compile_mode"] == "reduce-overhead"
+    behind = levers.apply_fallback(train)
+    assert behind["compile_model"] is True and behind["compile_mode"] == "default" and "lever_trial" not in behind
+    assert behind["compile_auto"].endswith("; model_graphs failed in this run, model")
+    measured = plan_file(gpu, tmp_path, "mb16.json", model="gpt2-medium", strategy="zero2", world=1,
+                         overrides={"micro_batch_size": 16})
+    assert lever_trial.by_rule(*lever_trial.read_trial(measured)) is None
+
+
 def test_a_candidate_is_ranked_by_its_median_step_not_one_slow_step(monkeypatch):
     """Two candidates of 8 timed steps of 4096 tokens: `model` runs 7 steps at 40 ms and one at 1.2 s (mean 4096 x 8
     / 1.48 s = 22,141 tokens/s, median 40 ms: 102,400), `blocks` every step at 50 ms (81,920): `model` is chosen,
@@ -196,3 +222,29 @@ def test_every_run_compiles_into_the_machines_inductor_and_triton_caches(monkeyp
     monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")  # one the environment names stays
     assert levers.compile_caches() == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
                                        "TRITON_CACHE_DIR": "/elsewhere"}
+
+
+def test_a_run_falls_back_once_when_levers_chosen_by_rule_fail(token_data, tmp_path):
+    """A verdict by rule (no trial launched) names a fallback; the run's chosen levers fail (here a compile mode
+    torch refuses, where on a GPU CUDA graphs can fail) and the launcher trains it once more with the fallback:
+    the job succeeds, the row says what failed and what ran."""
+    import subprocess
+    import sys
+
+    from conftest import launch_spec
+
+    verdict = tmp_path / "verdict.json"
+    verdict.write_text(json.dumps({
+        "chosen": "model_graphs", "why": "rule: model_graphs, the one candidate that can win here",
+        "chosen_train": {**levers.CANDIDATES["model_graphs"], "compile_mode": "no-such-mode"},
+        "by": "rule", "candidates": [], "skipped": {}, "fallback": "eager",
+        "fallback_train": levers.CANDIDATES["eager"]}))
+    spec = launch_spec(token_data, tmp_path, "fb", world_size=1, train={"max_steps": 2, "lever_trial": str(verdict)})
+    done = subprocess.run([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(spec)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "launch: the levers failed (exit code 1); again with eager" in done.stdout
+    summary = json.loads((tmp_path / "fb/out/summary.json").read_text())
+    assert summary["status"] == "ok" and summary["compile_model"] is False
+    assert summary["compile_auto"] == ("rule: model_graphs, the one candidate that can win here; model_graphs "
+                                       "failed in this run, eager")

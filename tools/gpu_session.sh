@@ -29,8 +29,10 @@ if [ "${BUILD_OPS:-0}" = 1 ]; then  # the pip-installed JIT DeepSpeed goes; the 
     PIP_NO_INDEX=1 PIP_NO_DEPS=1 bash containers/install.sh cuda ops > "$OUT/ops_build.log" 2>&1 || exit 1
   tail -n 1 "$OUT/ops_build.log"
 fi
-# the copy travels without .git: the commit it was made from, written beside it (git rev-parse HEAD > .pipeline_commit)
-[ -f .pipeline_commit ] && export PIPELINE_COMMIT="$(cat .pipeline_commit)"
+# the commit the copy was made from, written beside it (git rev-parse HEAD > .pipeline_commit); a .git found in the
+# copy is not that checkout's (the lent machine keeps one of its own), so git is pointed away from it (never moved:
+# the machine's next command needs it)
+if [ -f .pipeline_commit ]; then export PIPELINE_COMMIT="$(cat .pipeline_commit)" GIT_DIR=/nonexistent; fi
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$OUT/nvidia-smi.csv"
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 timeout "${BUDGET_S:-540}" python3 -m snakemake --cores all --resources timed_runs=1 --keep-going "$@" 2>&1 \

@@ -136,11 +136,32 @@ def identity(spec: RunSpec, ctx) -> dict:
 
 
 def launch(spec: Mapping, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
-    from workflow_scripts.training.context import from_spec
-    from workflow_scripts.training.levers import apply_trial
+    """The run with the levers its trial decided (levers.apply_trial); where the trial chose by rule without
+    launching anything and the run then fails or runs out of memory, once more with the fallback the trial named
+    (levers.apply_fallback: the whole model without CUDA graphs), `compile_auto` saying so."""
+    from workflow_scripts.training.levers import apply_fallback, apply_trial
 
     spec = as_spec(spec)
-    spec = spec.replace(train=apply_trial(spec.train))  # measured `auto` levers: the trial's choice
+    rc = launch_once(spec.replace(train=apply_trial(spec.train)), nnodes, node_rank, endpoint)
+    if nnodes > 1 or rc == graceful_stop.STOPPED_EXIT or not (rc != 0 or ran_out_of_memory(Path(spec.out_dir))):
+        return rc
+    behind = apply_fallback(spec.train)
+    if behind is None:
+        return rc
+    print(f"launch: the levers failed ({'exit code ' + str(rc) if rc else 'out of memory'}); again with "
+          f"{behind['compile_auto'].rsplit(', ', 1)[-1]}", flush=True)
+    return launch_once(spec.replace(train=behind), nnodes, node_rank, endpoint)
+
+
+def ran_out_of_memory(out_dir: Path) -> bool:
+    """Whether the run's row is an out-of-memory one measured while training (not a prediction before it)."""
+    path = out_dir / C.SUMMARY
+    return path.exists() and "oom_ranks" in json.loads(path.read_text())
+
+
+def launch_once(spec: RunSpec, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
+    from workflow_scripts.training.context import from_spec
+
     out_dir, work_dir = Path(spec.out_dir), Path(spec.work_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,8 @@ measured (tokens/s, MFU, peak memory, the first steps' losses) and why the other
 runs read it at launch (levers.apply_trial) and record the choice in `compile_auto`. Compilation happens inside
 the warm-up steps, so it counts for nothing; each candidate's wall time is recorded beside its speed.
 
+Where one candidate is left to run (and the fallback behind it), nothing is launched: the choice is that candidate by
+rule, its fallback named for the run itself (by_rule; job/launch.py falls back once if the choice fails there).
 Where no candidate finishes, the choice is eager (the settings every strategy runs), said so in `why`. A candidate
 stopped by SIGTERM (the workflow stopping: training/graceful_stop.py) ends the trial there, without a verdict.
 
@@ -153,6 +155,24 @@ def trial(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict:
     return {**choose(rows, skipped), "candidates": rows, "skipped": skipped}
 
 
+def by_rule(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict | None:
+    """A configuration left with one candidate to run (and the fallback behind it, levers.FALLBACK): nothing to
+    compare, so nothing is launched. The choice is that candidate, by rule; its fallback is named for the run to
+    fall back to if the choice fails there (levers.apply_fallback, job/launch.py). None where there is a choice."""
+    behind = {fb for first, fb in levers.FALLBACK.items() if first in specs and fb in specs}
+    first = [name for name in specs if name not in behind]
+    if len(first) != 1:
+        return None
+    chosen = first[0]
+    fb = levers.FALLBACK.get(chosen) if levers.FALLBACK.get(chosen) in specs else None
+    left = "; ".join(f"{k} not run ({why})" for k, why in skipped.items())
+    why = (f"rule: {chosen}, the one candidate that can win here, no trial launched"
+           + (f"; {fb} if it fails in the run" if fb else "") + (f"; {left}" if left else ""))
+    return {"chosen": chosen, "chosen_train": levers.CANDIDATES[chosen], "why": why, "by": "rule",
+            "candidates": [], "skipped": dict(skipped),
+            **({"fallback": fb, "fallback_train": levers.CANDIDATES[fb]} if fb else {})}
+
+
 def read_trial(path: str) -> tuple[dict[str, RunSpec], dict[str, str]]:
     """A trial file: {"specs": {candidate: run spec}, "skipped": {candidate: why}}, each spec's version checked."""
     plan = json.loads(Path(path).read_text())
@@ -251,11 +271,16 @@ def replayed(entry: dict, key: str) -> dict:
 
 
 def decide(plan_path: str) -> dict:
-    """The trial's result: the cached decision of this shape on this machine, else a trial of every candidate
-    (kept in the cache). `decided_s`: the seconds deciding took."""
+    """The trial's result: by rule where one candidate is left to run (by_rule), else the cached decision of this
+    shape on this machine, else a trial of every candidate (kept in the cache). `decided_s`: the seconds deciding
+    took."""
     started = time.time()
     plan = json.loads(Path(plan_path).read_text())
     specs, skipped = read_trial(plan_path)
+    alone = by_rule(specs, skipped)
+    if alone is not None:
+        print(f"lever decision: {alone['why']}", flush=True)
+        return {**alone, "decided_s": round(time.time() - started, 3)}
     shape = plan.get("shape")
     directory = cache_dir(plan.get("cache")) if shape else None
     key = entry = None

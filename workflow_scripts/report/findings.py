@@ -264,15 +264,17 @@ def lever_table(trials: dict, runs: pd.DataFrame) -> Table:
     for (model, strategy, layout), v in sorted(trials.items()):
         speeds = "; ".join(f"{r['candidate']} {r['tokens_per_s']:,.0f}" if r.get("tokens_per_s")
                            else f"{r['candidate']} {r['status']}" for r in v.get("candidates", []))
-        by = "cache" if (v.get("cache") or {}).get("hit") else "measurement"
+        by = "cache" if (v.get("cache") or {}).get("hit") else v.get("by", "measurement")
         t.rows.append([model, strategy, layout, v["chosen"], by, speeds or "–", f"{v.get('decided_s', 0):.1f}"])
     decided = sum(float(v.get("decided_s") or 0) for v in trials.values())
     cached = sum(bool((v.get("cache") or {}).get("hit")) for v in trials.values())
+    ruled = sum(v.get("by") == "rule" for v in trials.values())
     launch = pd.to_numeric(runs.get("launch_wall_s", pd.Series(dtype=float)), errors="coerce").sum()
     mark = t.note("the timed runs' launch time: every repeat from process start to exit (start-up, compilation, "
                   "training), summed over runs.csv's launch_wall_s")
     share = f"{100 * decided / launch:.0f} % of the timed runs' {launch:,.0f} s{mark}" if launch > 0 else "–"
-    t.rows.append(["all", "", "", "", f"{len(trials) - cached} measured, {cached} cached", share, f"{decided:.1f}"])
+    counted = f"{len(trials) - cached - ruled} measured, {cached} cached" + (f", {ruled} by rule" if ruled else "")
+    t.rows.append(["all", "", "", "", counted, share, f"{decided:.1f}"])
     t.notes.append("Candidates the rule knows cannot win are left out (training/levers.py); each configuration's "
                    "verdict: levers/<model>/<strategy>/<layout>.json.")
     return t

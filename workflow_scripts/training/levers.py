@@ -25,7 +25,8 @@ graphs among them) on the study's own machine and shape (rule lever_trial, job/l
 applies the fastest (apply_trial). A trial's decision is kept in the machine's cache (machine_cache()/lever_decisions,
 keyed by the device, the software versions and the configuration's shape: job/lever_trial.py), so a second study of
 the same shapes on the same machine and versions decides without a trial; candidates the rule knows cannot win are
-left out (trial_candidates). The trial and the timed runs compile into the same on-disk inductor and Triton caches
+left out (trial_candidates), and where one is left nothing is launched: the run falls back by itself if it fails
+(apply_fallback). The trial and the timed runs compile into the same on-disk inductor and Triton caches
 (compile_caches), so a timed run loads what its trial compiled. Either way the run spec records what the run does and
 why (`compile_auto`).
 `true` / `false` force them. `train.compile_mode` is torch.compile's mode for all of them (e.g.
@@ -55,8 +56,9 @@ CANDIDATES = {
                      "compile_mode": "reduce-overhead"},  # CUDA graphs of the compiled model and loss
 }
 TRIAL_KEYS = ("compile_blocks", "compile_loss", "compile_model", "compile_mode")
-# a candidate run only where the one it stands behind failed in the trial (CUDA graphs of the same compiled model were
-# as fast or faster in every committed GPU measurement: benchmarks/2026-11-24-compile-regimes-h100.md)
+# a candidate run only where the one it stands behind failed, in the trial or, where no trial launched, in the run
+# (apply_fallback); CUDA graphs of the same compiled model were as fast or faster in every committed GPU
+# measurement (benchmarks/2026-11-24-compile-regimes-h100.md)
 FALLBACK = {"model_graphs": "model"}
 # Below this much forward matmul work per block call, a compiled block's per-call host cost (guards, the
 # autograd wrapper) outweighs what fusion saves: GPT-2-medium on one H100, interleaved, micro-batch 4 (1.0e11 FLOP)
@@ -192,6 +194,23 @@ def apply_trial(train: dict) -> dict:
     trial = json.loads(open(path).read())
     out = {k: v for k, v in train.items() if k != "lever_trial"}
     return {**out, **trial["chosen_train"], "compile_auto": trial["why"]}
+
+
+def apply_fallback(train: dict) -> dict | None:
+    """The settings of a run whose trial chose by rule, launching nothing (job/lever_trial.by_rule), once its
+    choice failed in the run: the fallback the trial named, `compile_auto` saying what failed; None where the trial
+    named none (a measured choice finished in the trial already)."""
+    path = train.get("lever_trial")
+    if not path:
+        return None
+    import json
+
+    trial = json.loads(open(path).read())
+    if not trial.get("fallback"):
+        return None
+    out = {k: v for k, v in train.items() if k != "lever_trial"}
+    return {**out, **trial["fallback_train"],
+            "compile_auto": f"{trial['why']}; {trial['chosen']} failed in this run, {trial['fallback']}"}
 
 
 def lever_set(train: dict, applied: dict | None) -> tuple[str, bool]:
