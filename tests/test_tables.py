@@ -417,3 +417,20 @@ def test_findings_rst_renders_without_docutils_warnings(tmp_path):
     html = publish_parts(text, writer="html", settings_overrides={"report_level": 2, "halt_level": 2})["body"]
     assert html.count('class="findings') == 4 and '<sup>1</sup>' in html  # findings, 2 summaries, not measured
     assert "2,000 ± 25 tokens/s" in html and "zero_infinity" in html
+
+
+def test_the_lever_table_counts_decisions_by_rule_apart():
+    """A verdict that launched nothing (one candidate left: lever_trial.by_rule) reads `rule` with no candidate
+    speeds, and the totals row counts it apart from the measured and cached ones: 2.0 s of deciding against the
+    timed runs' 3 x 40 s is 2 %."""
+    from workflow_scripts.report import findings
+
+    measured = {"chosen": "blocks", "decided_s": 2.0, "cache": {"hit": False},
+                "candidates": [{"candidate": "blocks", "status": "ok", "tokens_per_s": 900.0}]}
+    ruled = {"chosen": "model_graphs", "decided_s": 0.0, "by": "rule", "candidates": []}
+    cached = {**measured, "decided_s": 0.0, "cache": {"hit": True}}
+    trials = {("m", "ddp", "ws1"): ruled, ("m", "zero1", "ws1"): measured, ("m", "zero2", "ws1"): cached}
+    table = findings.lever_table(trials, pd.DataFrame({"launch_wall_s": [40.0, 40.0, 40.0]}))
+    assert table.rows[0][3:6] == ["model_graphs", "rule", "–"]
+    assert table.rows[3][4] == "1 measured, 1 cached, 1 by rule"
+    assert table.rows[3][5].startswith("2 % of the timed runs' 120 s")
