@@ -134,13 +134,19 @@ def choose(rows: list[dict], skipped: dict) -> dict:
             "why": why + (f"; {left}" if left else "")}
 
 
+def fallbacks(specs: dict) -> dict[str, str]:
+    """The candidates here that stand behind another one here ({fallback: the candidate it stands behind}:
+    levers.FALLBACK)."""
+    return {fb: first for first, fb in levers.FALLBACK.items() if first in specs and fb in specs}
+
+
 def trial(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict:
     """Every candidate's run (specs: name -> run spec), one after another; the verdict and the rows (each at its
     steady pace: steady_pace). A fallback
     (levers.FALLBACK: the whole model without CUDA graphs) runs last, and only where the candidate it stands behind
     did not finish."""
     rows, skipped = [], dict(skipped)
-    behind = {fb: first for first, fb in levers.FALLBACK.items() if first in specs and fb in specs}
+    behind = fallbacks(specs)
     for name in [n for n in specs if n not in behind] + list(behind):
         spec = specs[name]
         done = next((r for r in rows if r["candidate"] == behind.get(name)), None)
@@ -159,12 +165,12 @@ def by_rule(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict | None:
     """A configuration left with one candidate to run (and the fallback behind it, levers.FALLBACK): nothing to
     compare, so nothing is launched. The choice is that candidate, by rule; its fallback is named for the run to
     fall back to if the choice fails there (levers.apply_fallback, job/launch.py). None where there is a choice."""
-    behind = {fb for first, fb in levers.FALLBACK.items() if first in specs and fb in specs}
+    behind = fallbacks(specs)
     first = [name for name in specs if name not in behind]
     if len(first) != 1:
         return None
     chosen = first[0]
-    fb = levers.FALLBACK.get(chosen) if levers.FALLBACK.get(chosen) in specs else None
+    fb = next((f for f, ahead in behind.items() if ahead == chosen), None)
     left = "; ".join(f"{k} not run ({why})" for k, why in skipped.items())
     why = (f"rule: {chosen}, the one candidate that can win here, no trial launched"
            + (f"; {fb} if it fails in the run" if fb else "") + (f"; {left}" if left else ""))

@@ -186,13 +186,9 @@ def dominated(run: dict) -> dict:
 def apply_trial(train: dict) -> dict:
     """The settings of a run whose `auto` levers a trial measured (train.lever_trial): the fastest candidate's,
     with what was measured under `compile_auto`; other runs as they are."""
-    path = train.get("lever_trial")
-    if not path:
+    trial, out = verdict(train)
+    if trial is None:
         return train
-    import json
-
-    trial = json.loads(open(path).read())
-    out = {k: v for k, v in train.items() if k != "lever_trial"}
     return {**out, **trial["chosen_train"], "compile_auto": trial["why"]}
 
 
@@ -200,17 +196,21 @@ def apply_fallback(train: dict) -> dict | None:
     """The settings of a run whose trial chose by rule, launching nothing (job/lever_trial.by_rule), once its
     choice failed in the run: the fallback the trial named, `compile_auto` saying what failed; None where the trial
     named none (a measured choice finished in the trial already)."""
-    path = train.get("lever_trial")
-    if not path:
+    trial, out = verdict(train)
+    if trial is None or not trial.get("fallback"):
         return None
-    import json
-
-    trial = json.loads(open(path).read())
-    if not trial.get("fallback"):
-        return None
-    out = {k: v for k, v in train.items() if k != "lever_trial"}
     return {**out, **trial["fallback_train"],
             "compile_auto": f"{trial['why']}; {trial['chosen']} failed in this run, {trial['fallback']}"}
+
+
+def verdict(train: dict) -> tuple[dict | None, dict]:
+    """The lever trial's verdict a run's settings name (train.lever_trial), if any, and the settings without it."""
+    path = train.get("lever_trial")
+    if not path:
+        return None, train
+    import json
+
+    return json.loads(open(path).read()), {k: v for k, v in train.items() if k != "lever_trial"}
 
 
 def lever_set(train: dict, applied: dict | None) -> tuple[str, bool]:
