@@ -175,7 +175,7 @@ def tiny_bench_set(root, name="h100-tiny"):
 def test_benchmarks_md_rewrites_only_the_marked_tables_from_the_sets_csvs(tmp_path):
     """A report's generated tables (benchmarks_md, run by hand): each marked region becomes the table of its sets, mean
     ± 95 % CI from the rounds file; the text around it stays, a second run changes nothing, a missing set is named."""
-    from workflow_scripts.bench import benchmarks_md
+    from tools import benchmarks_md
 
     name = tiny_bench_set(tmp_path / "results")
     before, between, after = "# Bench\n\nProse before.\n", "\nProse between.\n", "\nProse after.\n"

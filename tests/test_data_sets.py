@@ -92,7 +92,7 @@ def test_links_into_results_point_at_kept_files(doc):
 
 def test_benchmark_reports_generated_tables_match_their_sets():
     """Every generated table in benchmarks/*.md equals what benchmarks_md makes from the kept set it reads."""
-    from workflow_scripts.bench import benchmarks_md
+    from tools import benchmarks_md
 
     files = [a for p in benchmarks_md.report_files(REPO) for a in ("--file", str(p))]
     assert benchmarks_md.main(["--check", "--results", str(REPO), *files]) == 0

@@ -1,6 +1,6 @@
 """The generated tables of the dated benchmark reports (benchmarks/*.md), written from the committed benchmark sets:
 
-    python -m workflow_scripts.bench.benchmarks_md [--check] [--file benchmarks/<report>.md ...] [--results <root>]
+    python3 -m tools.benchmarks_md [--check] [--file benchmarks/<report>.md ...] [--results <root>]
 
 Run by hand after a benchmark set changes, and by the committed-data test with `--check`. Without `--file` it reads
 every report under benchmarks/. Every region of a report between an opening
@@ -48,7 +48,7 @@ from workflow_scripts.report.stats import mean_ci
 
 REPORTS = "benchmarks"  # the dated reports, relative to the repository root
 DEFAULT_RESULTS = "."  # what the markers' set folders are relative to: the repository root
-CEILING = "ceiling"  # bench/harness.py's runner and strategy name of the ceiling's rows (not imported: torch)
+CEILING = "ceiling"  # the ceiling's runner and strategy name (workflow_scripts/bench/harness.py; not imported: torch)
 CSV = {"compare": "harness_vs_trainer.csv", "levers": "levers.csv"}  # table kind -> its file under <set>/bench/
 MARKER = re.compile(r"<!--\s*(/?)bench-table\b(.*?)-->", re.DOTALL)
 ATTR = re.compile(r'(\w+)="([^"]*)"')
@@ -351,7 +351,7 @@ def main(argv=None) -> int:
             sys.stdout.writelines(difflib.unified_diff(path.read_text().splitlines(True), new[path].splitlines(True),
                                                        f"{path} (committed)", f"{path} (from {a.results})"))
         names = " ".join(f"--file {path}" for path in stale)
-        print(f"{len(stale)} reports not up to date with {a.results}: python -m workflow_scripts.bench.benchmarks_md "
+        print(f"{len(stale)} reports not up to date with {a.results}: python3 -m tools.benchmarks_md "
               f"{names} --results {a.results}", file=sys.stderr)
         return 1
     for path in stale:
