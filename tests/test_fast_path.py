@@ -113,6 +113,12 @@ def test_a_measured_auto_runs_the_candidates_each_configuration_can_run():
     assert "loss" in skip and not any(c["compile_loss"] for c in run.values())
     run, skip = trial_candidates(every, "cuda", True, "gpt2", {"chunked_loss": 4096})
     assert list(run) == ["blocks"] and "chunked" in skip["model"]
+    # GPT-2-medium, one block's matmuls 12 x 1024^2 weights: micro-batch 16 x 1024 tokens is 2 x 12.6M x 16,384 =
+    # 4.1e11 FLOP per block call (not host-bound: blocks alone, no trial), micro-batch 4 1.0e11 (the whole model)
+    run, skip = trial_candidates(every, "cuda", True, "gpt2", {}, 2 * 12 * 1024**2 * 16 * 1024)
+    assert list(run) == ["blocks"] and "4.1e+11 FLOP per block call" in skip["model_graphs"] and "model" in skip
+    run, skip = trial_candidates(every, "cuda", True, "gpt2", {}, 2 * 12 * 1024**2 * 4 * 1024)
+    assert list(run) == ["model", "model_graphs"] and "blocks" in skip
 
 
 def test_a_compiled_run_is_bounded_by_the_eager_count():

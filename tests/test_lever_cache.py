@@ -119,19 +119,21 @@ def test_a_trial_records_the_candidates_it_leaves_out_and_why(tmp_path, launches
     mb4 = study.lever_trial_specs(gpu, "gpt2-medium", "zero2", Layout.data_parallel(1), {"micro_batch_size": 4}, [])
     # on a GPU what the committed measurements say cannot win is left out too: host-bound, the whole model with
     # CUDA graphs alone (eager and the loss alone lost to it), the model without graphs behind it; GEMM-bound,
-    # compiled blocks against the whole model
+    # compiled blocks alone (the whole model lost to them there)
     assert list(mb4["specs"]) == ["model", "model_graphs"] and "1.0e+11" in mb4["skipped"]["blocks"]
     assert "CUDA graphs" in mb4["skipped"]["loss"] and "CUDA graphs" in mb4["skipped"]["eager"]
     mb16 = study.lever_trial_specs(gpu, "gpt2-medium", "zero2", Layout.data_parallel(1), {"micro_batch_size": 16},
                                    [])
-    assert list(mb16["specs"]) == ["blocks", "model", "model_graphs"] and set(mb16["skipped"]) == {"eager", "loss"}
+    assert list(mb16["specs"]) == ["blocks"] and set(mb16["skipped"]) == {"eager", "loss", "model", "model_graphs"}
+    assert "4.1e+11 FLOP per block call" in mb16["skipped"]["model"]
 
 
 def test_one_candidate_left_is_chosen_by_rule_without_a_launch(tmp_path, launches):
     """On a GPU at GPT-2-medium micro-batch 4 (host-bound) only the whole model with CUDA graphs can win, the model
     without graphs behind it: nothing to compare, so no candidate launches and the verdict names the fallback; a
-    run's settings then come from it, and after a failure from the fallback (levers.apply_fallback). Where the
-    candidates leave a choice (micro-batch 16: blocks against the graphs) the trial measures."""
+    run's settings then come from it, and after a failure from the fallback (levers.apply_fallback). At micro-batch
+    16 compiled blocks are left alone, by rule too; where the candidates leave a choice (eager against the whole
+    model without graphs) the trial measures."""
     gpu = config(tmp_path, platform="cuda", world_sizes=[1], models=["gpt2-medium"], data={"block_size": 1024})
     plan = plan_file(gpu, tmp_path, model="gpt2-medium", strategy="zero2", world=1,
                      overrides={"micro_batch_size": 4})
@@ -148,8 +150,13 @@ def test_one_candidate_left_is_chosen_by_rule_without_a_launch(tmp_path, launche
     behind = levers.apply_fallback(train)
     assert behind["compile_model"] is True and behind["compile_mode"] == "default" and "lever_trial" not in behind
     assert behind["compile_auto"].endswith("; model_graphs failed in this run, model")
-    measured = plan_file(gpu, tmp_path, "mb16.json", model="gpt2-medium", strategy="zero2", world=1,
-                         overrides={"micro_batch_size": 16})
+    mb16 = plan_file(gpu, tmp_path, "mb16.json", model="gpt2-medium", strategy="zero2", world=1,
+                     overrides={"micro_batch_size": 16})
+    assert lever_trial.by_rule(*lever_trial.read_trial(mb16))["chosen"] == "blocks"
+    choice = config(tmp_path, platform="cuda", world_sizes=[1], models=["gpt2-medium"], data={"block_size": 1024},
+                    auto_levers={"candidates": ["eager", "model"]})
+    measured = plan_file(choice, tmp_path, "choice.json", model="gpt2-medium", strategy="zero2", world=1,
+                         overrides={"micro_batch_size": 4})
     assert lever_trial.by_rule(*lever_trial.read_trial(measured)) is None
 
 

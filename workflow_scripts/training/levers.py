@@ -159,23 +159,28 @@ def trial_candidates(names: list[str], platform: str, data_only: bool, family: s
         else:
             run[name] = keys
     if platform in GPU_PLATFORMS:
-        pruned = dominated(run)
+        pruned = dominated(run, block_flops)
         skip.update(pruned)
         run = {k: v for k, v in run.items() if k not in pruned}
     return run, skip
 
 
-def dominated(run: dict) -> dict:
+def dominated(run: dict, block_flops: float | None = None) -> dict:
     """On a GPU, the runnable candidates that cannot win beside the others ({name: why}), from the committed GPU
     measurements (benchmarks/2026-11-24-compile-regimes-h100.md, 2026-11-21-levers-h200.md,
     2026-12-02-defaults-h200.md): eager and the compiled loss alone lost to compiled blocks wherever those run
     (GEMM-bound shapes: 1.9x); beside the whole model with CUDA graphs they lost at every host-bound shape measured
     (eager at 0.44-0.47x under DDP, ZeRO-1 and ZeRO-2 on an H200, the loss alone below it); the whole model without
-    graphs stays, run by the trial only if the graphs fail (FALLBACK). Where nothing finishes the run is eager
-    anyway (lever_trial.choose)."""
+    graphs stays, run by the trial only if the graphs fail (FALLBACK). Where one block call does at least
+    MIN_BLOCK_FLOPS (`block_flops` known), the whole model with and without graphs lost to compiled blocks (DDP,
+    4.1e11 FLOP per block call on an H100: 0.92x and 0.89x), so compiled blocks are left alone. Where nothing
+    finishes the run is eager anyway (lever_trial.choose)."""
     out = {}
     if "blocks" in run:
         out.update({k: "compiled blocks beat it at this FLOP per block call" for k in ("eager", "loss") if k in run})
+        if block_flops is not None and block_flops >= MIN_BLOCK_FLOPS:
+            out.update({k: f"compiled blocks beat it at {block_flops:.1e} FLOP per block call (>= "
+                           f"{MIN_BLOCK_FLOPS:.0e}: not host-bound)" for k in ("model", "model_graphs") if k in run})
     if "model_graphs" in run:
         for k in ("eager", "loss"):
             if k in run:
