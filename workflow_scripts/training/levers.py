@@ -180,7 +180,7 @@ def dominated(run: dict, block_flops: float | None = None) -> dict:
         out.update({k: "compiled blocks beat it at this FLOP per block call" for k in ("eager", "loss") if k in run})
         if block_flops is not None and block_flops >= MIN_BLOCK_FLOPS:
             out.update({k: f"compiled blocks beat it at {block_flops:.1e} FLOP per block call (>= "
-                           f"{MIN_BLOCK_FLOPS:.0e}: not host-bound)" for k in ("model", "model_graphs") if k in run})
+                           f"{MIN_BLOCK_FLOPS:.0e})" for k in ("model", "model_graphs") if k in run})
     if "model_graphs" in run:
         for k in ("eager", "loss"):
             if k in run:
