@@ -227,8 +227,11 @@ def test_every_run_compiles_into_the_machines_inductor_and_triton_caches(monkeyp
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")  # one the environment names stays
-    assert levers.compile_caches() == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-                                       "TRITON_CACHE_DIR": "/elsewhere"}
+    from workflow_scripts.job.launch import environment
+
+    spec = study.resolve(config(tmp_path), "gpt2-tiny", "ddp", 2, 0, {}, "o", "w", [])
+    env = environment(spec)  # the ranks' environment, set before torch starts in them
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor") and env["TRITON_CACHE_DIR"] == "/elsewhere"
 
 
 def test_a_run_falls_back_once_when_levers_chosen_by_rule_fail(token_data, tmp_path):

@@ -71,6 +71,9 @@ def environment(spec: Mapping) -> dict:
         from workflow_scripts.training.build_ops import extensions_dir
 
         env["TORCH_EXTENSIONS_DIR"] = extensions_dir("auto", spec.platform)
+    from workflow_scripts.training.build_ops import compile_caches
+
+    compile_caches(env)  # before torch starts in a rank: what compiles there shares the machine's caches
     env["PIPELINE_STEP_FILE"] = os.path.abspath(os.path.join(spec.work_dir, "step"))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

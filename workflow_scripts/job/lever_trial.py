@@ -44,7 +44,7 @@ from workflow_scripts import columns as C
 from workflow_scripts.job import job_log
 from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.status import RunStatus
-from workflow_scripts.training import graceful_stop, levers
+from workflow_scripts.training import build_ops, graceful_stop, levers
 from workflow_scripts.units import GIB
 
 
@@ -232,7 +232,7 @@ def cache_dir(setting: str | None) -> Path | None:
     if setting == "off":
         return None
     if setting in (None, "auto"):
-        return Path(levers.machine_cache()) / "lever_decisions"
+        return Path(build_ops.machine_cache()) / "lever_decisions"
     return Path(setting)
 
 

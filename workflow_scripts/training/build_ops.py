@@ -30,6 +30,19 @@ def machine_cache() -> str:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dist-train-studies")
 
 
+def compile_caches(env=None) -> dict:
+    """Point inductor's and Triton's on-disk caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) into the machine's
+    cache where the environment (`env`, os.environ by default) names none: a lever trial's candidates and the timed
+    runs after them (another job, maybe another container) load the same compiled graphs and kernels instead of
+    compiling again. The launcher sets them in the ranks' environment before torch starts there: inductor fixes its
+    cache directory in os.environ the first time it reads it. Both caches key their entries by the graph, the torch
+    version and the device themselves."""
+    env = os.environ if env is None else env
+    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        env.setdefault(var, os.path.join(machine_cache(), sub))
+    return {var: env[var] for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+
+
 def extensions_dir(setting: str | None, platform: str) -> str:
     """Where compiled ops live. `auto` (the default): one cache per machine and toolchain, shared by every clone and
     study, machine_cache() + `/torch_extensions/<key>`; the key

@@ -27,8 +27,8 @@ keyed by the device, the software versions and the configuration's shape: job/le
 the same shapes on the same machine and versions decides without a trial; candidates the rule knows cannot win are
 left out (trial_candidates), and where one is left nothing is launched: the run falls back by itself if it fails
 (apply_fallback). The trial and the timed runs compile into the same on-disk inductor and Triton caches
-(compile_caches), so a timed run loads what its trial compiled. Either way the run spec records what the run does and
-why (`compile_auto`).
+(build_ops.compile_caches, set by the launcher for every rank), so a timed run loads what its trial compiled. Either
+way the run spec records what the run does and why (`compile_auto`).
 `true` / `false` force them. `train.compile_mode` is torch.compile's mode for all of them (e.g.
 max-autotune-no-cudagraphs: Triton matmul autotuning, minutes of compilation). What a run used is recorded in its
 `strategy_settings.json` under `harness`. A family's capabilities (vision, MoE) are its models' fields
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workflow_scripts.training.build_ops import machine_cache
+from workflow_scripts.training.build_ops import compile_caches
 from workflow_scripts.training.models import FAMILIES
 
 if TYPE_CHECKING:  # annotations only: the module is read by every Snakefile parse
@@ -77,19 +77,6 @@ def decided_by(auto_levers: dict | None, platform: str, nodes: int = 1) -> str:
     if by != "auto":
         return by
     return "measurement" if platform in GPU_PLATFORMS and int(nodes) == 1 else "rule"
-
-
-def compile_caches() -> dict:
-    """Point inductor's and Triton's on-disk caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) into the machine's
-    cache where the environment names none, before anything compiles: a lever trial's candidates and the timed runs
-    after them (another job, maybe another container) load the same compiled graphs and kernels instead of compiling
-    again. Both caches key their entries by the graph, the torch version and the device themselves."""
-    import os
-
-    base = machine_cache()
-    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
-        os.environ.setdefault(var, os.path.join(base, sub))
-    return {var: os.environ[var] for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
 
 
 def auto_compile(platform: str, layout: dict | None, family: str, block_flops: float) -> tuple[bool, str]:
