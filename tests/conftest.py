@@ -89,6 +89,16 @@ def default_study(tmp_path_factory) -> Path:
     return wd
 
 
+def reuse_calibration(wd: Path, results_dir: str) -> None:
+    """The default study's data manifests and calibration (this machine, this session) copied, times kept, into the
+    results of another study in its folder with the default data settings: that study's training waits for no
+    data_manifests and calibrate jobs of its own (a calibrate job always follows a data_manifests job it waits for).
+    For studies whose tests assert nothing about either; rule calibrate is checked in the default study
+    (test_provenance.py), the manifests' copy by test_outputs.py."""
+    for part in ("data", "calibration"):
+        shutil.copytree(wd / "results/default" / part, wd / results_dir / part)
+
+
 def launch_spec(token_data, tmp_path, name, nodes=1, **top) -> Path:
     """A run spec for workflow_scripts.job.launch (gpt2-tiny, ddp, 4 CPU ranks, 8 steps unless overridden by
     `top`), written to tmp_path/<name>.json; results go to tmp_path/<name>/out."""

@@ -28,7 +28,7 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, copy_workflow, snakemake
+from conftest import REPO, copy_workflow, reuse_calibration, snakemake
 
 PLATFORMS = ["cpu", "cuda", "rocm"]
 VENDOR_SMI = {"cuda": "nvidia-ml-py", "rocm": "amdsmi"}  # the VRAM sampler's library, one per image
@@ -499,6 +499,7 @@ def test_timed_runs_never_overlap_under_a_local_profile(default_study):
     (wd / "timed.yaml").write_text(yaml.safe_dump({"results_dir": results, "work_dir": "work/timed",
                                                    "strategies": ["ddp", "fsdp"], "world_sizes": [1],
                                                    "train": REDUCED["train"]}))
+    reuse_calibration(wd, results)
     runs = [f"{results}/runs/gpt2-tiny/{strategy}/ws1/r0" for strategy in ("ddp", "fsdp")]
     snakemake(wd, *[f"{run}/summary.json" for run in runs], "--profile", "profiles/local-cpu",
               "--configfile", "config.yaml", "timed.yaml", timeout=600)  # targets first: --configfile takes the rest

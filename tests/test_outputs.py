@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 import pytest
-from conftest import overlay, snakemake
+from conftest import overlay, reuse_calibration, snakemake
 
 SECRETS = {"HF_TOKEN": "hf_" + "s3cretvalue" * 4, "WANDB_API_KEY": "wandbkey" * 5}
 
@@ -26,6 +26,7 @@ MEASURED = ["ddp"]
 @pytest.fixture(scope="module")
 def repeated(default_study):
     """ddp and fsdp, two repeats each, ddp's `auto` levers measured, TensorBoard on, secrets in the environment."""
+    reuse_calibration(default_study, REPEATS["results_dir"])
     snakemake(default_study, *overlay(default_study, "repeats", **REPEATS), env=SECRETS, report=True)
     return default_study / "results/repeats"
 

@@ -13,7 +13,7 @@ import time
 import pandas as pd
 import psutil
 import pytest
-from conftest import REPO, overlay, snakemake
+from conftest import REPO, overlay, reuse_calibration, snakemake
 
 
 def test_sigterm_to_the_workflow_stops_at_a_step_boundary_and_the_rerun_resumes(default_study):
@@ -25,6 +25,7 @@ def test_sigterm_to_the_workflow_stops_at_a_step_boundary_and_the_rerun_resumes(
     wd = default_study
     args = overlay(wd, "sigterm", results_dir="results/sigterm", work_dir="work/sigterm", strategies=["fsdp"],
                    train={"fault_injection": {"sigterm_workflow_at_step": 12}})
+    reuse_calibration(wd, "results/sigterm")
     target = "results/sigterm/tables/runs.csv"
     first = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "all", target, *args], cwd=wd,
                            capture_output=True, text=True, timeout=600)
@@ -70,6 +71,7 @@ def test_killing_the_workflow_leaves_no_rank_and_the_readme_rerun_resumes(defaul
     checkpoint with the losses of the default study's uninterrupted DDP run (the same training)."""
     wd, work = default_study, "work/orphans"
     args = overlay(wd, "orphans", results_dir="results/orphans", work_dir=work, strategies=["ddp"])
+    reuse_calibration(wd, "results/orphans")
     sm = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "all", *args], cwd=wd,
                           start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = wd / work / "runs/gpt2-tiny/ddp/ws2/r0/ckpt/latest"
@@ -101,6 +103,7 @@ def test_out_of_memory_becomes_a_row_and_the_study_completes(default_study):
     wd = default_study
     args = overlay(wd, "oom", results_dir="results/oom", work_dir="work/oom", strategies=["fsdp"],
                    train={"fault_injection": {"oom_at_step": 3}, "max_steps": 10})
+    reuse_calibration(wd, "results/oom")
     snakemake(wd, *args)
     runs = pd.read_csv(wd / "results/oom/tables/runs.csv")
     assert list(runs.strategy) == ["fsdp"]

@@ -6,6 +6,7 @@ The choice among checkpoints on disk (checksums, the last two kept, what is set 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -46,6 +47,10 @@ def test_a_rerun_resumes_only_its_own_configuration(token_data, tmp_path):
     killed = run_spec(token_data, tmp_path, "same", "w_same", fault_injection={"oom_at_step": 10})
     rc, log = launch(killed)  # an `oom` row after the step-4 and step-8 checkpoints
     assert (tmp_path / "w_same/ckpt/latest").read_text() == "step_00000008", log
+    # the changed run's leftover, as a run of these settings (lr 1e-3) killed after step 4 would leave it: this run's
+    # step-4 checkpoint (its work folder is no setting of the resume hash: checkpoint.resume_hash)
+    shutil.copytree(tmp_path / "w_same/ckpt/step_00000004", tmp_path / "w_changed/ckpt/step_00000004")
+    (tmp_path / "w_changed/ckpt/latest").write_text("step_00000004")
     flip_bytes(tmp_path / "w_same/ckpt/step_00000008" / MODEL_FILE)  # damaged in place: same size, other bytes
     rc, log = launch(run_spec(token_data, tmp_path, "same", "w_same"))
     assert rc == 0 and "resume: resuming from step_00000004" in log and "step_00000008 damaged" in log, log
@@ -56,8 +61,9 @@ def test_a_rerun_resumes_only_its_own_configuration(token_data, tmp_path):
     assert same_losses == clean_losses and clean["checkpoint_fallback"] is None
     assert [p.name for p in (tmp_path / "w_same").glob("ckpt.damaged-*/*")] == ["step_00000008"]
 
-    rc, log = launch(run_spec(token_data, tmp_path, "changed", "w_changed", fault_injection={"oom_at_step": 6}))
-    assert (tmp_path / "w_changed/ckpt/latest").exists(), log
+    # an intact copy of the step-4 checkpoint the rerun above resumed under these settings
+    assert ck.complete_checkpoints(tmp_path / "w_changed/ckpt") == [tmp_path / "w_changed/ckpt/step_00000004"]
+    assert ck.damage(tmp_path / "w_changed/ckpt/step_00000004") is None
     rc, log = launch(run_spec(token_data, tmp_path, "changed", "w_changed", lr=5e-4))
     assert rc == 0 and "not resuming step_00000004" in log, log
     changed, changed_losses = summary_and_losses(tmp_path, "changed")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, assert_default_study_losses, copy_workflow, overlay, snakemake
+from conftest import REPO, assert_default_study_losses, copy_workflow, overlay, reuse_calibration, snakemake
 
 STRATEGIES = yaml.safe_load((REPO / "config.yaml").read_text())["strategies"]
 
@@ -438,8 +437,7 @@ def test_a_failed_training_job_is_its_own_error_in_a_few_lines(default_study):
                 if "workflow_scripts.job." in line]
     assert any("job.lever_trial --trial .snakemake/run_specs/" in c for c in commands), commands
     assert commands and all(len(c) < 300 and '{"' not in c for c in commands), max(commands, key=len)
-    (wd / "results/failing/calibration").mkdir(parents=True)  # the study's calibration: no new one needed
-    shutil.copy(wd / "results/default/calibration/calibration.json", wd / "results/failing/calibration/")
+    reuse_calibration(wd, "results/failing")  # the study's calibration: no new one needed
     args = overlay(wd, "failing", results_dir="results/failing", work_dir="work/failing", strategies=["ddp"],
                    model_overrides={"gpt2-tiny": {"n_embd": 130}})  # 130 is not a multiple of its 4 heads
     done = snakemake(wd, "results/failing/runs/gpt2-tiny/ddp/ws2/r0/summary.json", *args, check=False)
