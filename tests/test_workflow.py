@@ -210,7 +210,7 @@ def test_zero_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_rank
     bit for bit DeepSpeed's per-tensor one, on two ranks each holding its partition (bf16-pure: DeepSpeed's bf16
     optimizer; the default study's runs check the fp32 engine's through their losses), and the run records which
     one it used; the option is ours: it never reaches DeepSpeed."""
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(REPO / "tests/fixtures/ranks/grad_norm.py"), "bf16-pure"], cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
                           check=False)
