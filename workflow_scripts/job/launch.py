@@ -60,6 +60,8 @@ def as_spec(spec: Mapping, where: str = "run spec") -> RunSpec:
 
 
 def environment(spec: Mapping) -> dict:
+    from workflow_scripts.training.build_ops import compile_caches, extensions_dir
+
     spec = as_spec(spec)
     env = dict(os.environ)
     if spec.platform == "cpu":
@@ -68,11 +70,7 @@ def environment(spec: Mapping) -> dict:
     if spec.torch_extensions_dir:  # a spec run by hand may name its own; else the workflow's (common.smk)
         env["TORCH_EXTENSIONS_DIR"] = os.path.abspath(spec.torch_extensions_dir)
     elif not env.get("TORCH_EXTENSIONS_DIR"):  # in a container: the image's toolchain, as its build_ops job found
-        from workflow_scripts.training.build_ops import extensions_dir
-
         env["TORCH_EXTENSIONS_DIR"] = extensions_dir("auto", spec.platform)
-    from workflow_scripts.training.build_ops import compile_caches
-
     compile_caches(env)  # before torch starts in a rank: what compiles there shares the machine's caches
     env["PIPELINE_STEP_FILE"] = os.path.abspath(os.path.join(spec.work_dir, "step"))
     env["PYTHONUNBUFFERED"] = "1"

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workflow_scripts.training.build_ops import compile_caches
 from workflow_scripts.training.models import FAMILIES
 
 if TYPE_CHECKING:  # annotations only: the module is read by every Snakefile parse
@@ -228,7 +227,6 @@ def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
     are left to the whole-model compile (apply_to_engine)."""
     whole = train.get("compile_model") is True
     blocks = train.get("compile_blocks") is True and not whole  # resolved by the run spec; "auto" compiles nothing
-    compile_caches()  # whatever compiles in this run (the levers, a strategy's own compiler) shares the caches
     mode = train.get("compile_mode", "default")
     extra = strategy.compile_blocks(model, mode) if blocks else {}
     return {**extra, "compile_blocks": blocks, "compile_model": whole,
