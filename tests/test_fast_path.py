@@ -71,13 +71,18 @@ def test_compiled_zero3_takes_torch_linear_and_auto_compiles_its_blocks_again():
     for name in ("zero3", "zeropp", "zero3_offload"):
         assert zero_keys(name, True)["memory_efficient_linear"] is False, name
         assert "memory_efficient_linear" not in zero_keys(name, False), name
+    for name in ("zero3", "zeropp"):
         assert levers("cuda", strategy=name)["compile_blocks"] is True, name
+    # offload: compiled levers were never measured there, so the rule keeps the settings every strategy runs
+    offload = levers("cuda", strategy="zero3_offload")
+    assert offload["compile_blocks"] is False and "offload" in offload["compile_auto"]
     assert "memory_efficient_linear" not in zero_keys("zero2", True)
     assert zero_keys("zero3", True, memory_efficient_linear=True)["memory_efficient_linear"] is True
     assert "memory_efficient_linear" not in zero_keys("zero3", True, compile={"deepcompile": True})
     from workflow_scripts.training.levers import trial_candidates
 
-    assert "blocks" in trial_candidates(["eager", "blocks", "model"], "cuda", True, "gpt2", {})[0]
+    assert "blocks" in trial_candidates(["eager", "blocks", "model"], "cuda", True, "gpt2", {},
+                                        evidence="replicated")[0]
 
 
 def test_an_explicit_setting_wins_and_a_partial_one_resolves_the_rest():
@@ -105,19 +110,21 @@ def test_a_measured_auto_runs_the_candidates_each_configuration_can_run():
     assert schema["properties"]["candidates"]["items"]["enum"] == list(CANDIDATES)
     assert all(sorted(c) == sorted(TRIAL_KEYS) for c in CANDIDATES.values())
     every = list(CANDIDATES)
-    run, skip = trial_candidates(every, "cuda", True, "gpt2", {})  # no FLOP count given: blocks may win
+    # no FLOP count given: blocks may win
+    run, skip = trial_candidates(every, "cuda", True, "gpt2", {}, evidence="replicated")
     assert list(run) == ["blocks", "model", "model_graphs"] and set(skip) == {"eager", "loss"}
-    run, skip = trial_candidates(every, "cpu", False, "gpt2", {})
+    run, skip = trial_candidates(every, "cpu", False, "gpt2", {}, evidence="replicated")
     assert list(run) == ["eager", "loss", "blocks"] and set(skip) == {"model", "model_graphs"}
-    run, skip = trial_candidates(every, "cuda", True, "vit", {})  # a ViT's loss is not ours: `loss` is `eager`
+    # a ViT's loss is not ours: `loss` is `eager`
+    run, skip = trial_candidates(every, "cuda", True, "vit", {}, evidence="replicated")
     assert "loss" in skip and not any(c["compile_loss"] for c in run.values())
-    run, skip = trial_candidates(every, "cuda", True, "gpt2", {"chunked_loss": 4096})
+    run, skip = trial_candidates(every, "cuda", True, "gpt2", {"chunked_loss": 4096}, evidence="replicated")
     assert list(run) == ["blocks"] and "chunked" in skip["model"]
     # GPT-2-medium, one block's matmuls 12 x 1024^2 weights: micro-batch 16 x 1024 tokens is 2 x 12.6M x 16,384 =
     # 4.1e11 FLOP per block call (not host-bound: blocks alone, no trial), micro-batch 4 1.0e11 (the whole model)
-    run, skip = trial_candidates(every, "cuda", True, "gpt2", {}, 2 * 12 * 1024**2 * 16 * 1024)
+    run, skip = trial_candidates(every, "cuda", True, "gpt2", {}, 2 * 12 * 1024**2 * 16 * 1024, evidence="replicated")
     assert list(run) == ["blocks"] and "4.1e+11 FLOP per block call" in skip["model_graphs"] and "model" in skip
-    run, skip = trial_candidates(every, "cuda", True, "gpt2", {}, 2 * 12 * 1024**2 * 4 * 1024)
+    run, skip = trial_candidates(every, "cuda", True, "gpt2", {}, 2 * 12 * 1024**2 * 4 * 1024, evidence="replicated")
     assert list(run) == ["model", "model_graphs"] and "blocks" in skip
 
 

@@ -88,10 +88,12 @@ def test_another_micro_batch_or_other_versions_or_device_is_another_decision(tmp
     assert launches == ["eager", "loss"] * 2  # measured again
     shape = json.loads((tmp_path / "plan.json").read_text())["shape"]
     facts = lever_trial.machine("cpu")
-    key = lever_trial.decision_key(shape, facts)
+    code = lever_trial.training_code()
+    key = lever_trial.decision_key(shape, facts, code)
     for change in ({"torch": "0.0.1"}, {"deepspeed": "0.0.1"}, {"transformers": "0.0.1"},
                    {"accelerator": "cuda 99.0"}, {"device": "another CPU"}):
-        assert lever_trial.decision_key(shape, {**facts, **change}) != key, change
+        assert lever_trial.decision_key(shape, {**facts, **change}, code) != key, change
+    assert lever_trial.decision_key(shape, facts, "another training code") != key
     assert lever_trial.cached(lever_trial.cache_dir(cfg["auto_levers"]["cache"]), key) is not None
     gpu = lever_trial.machine("cuda")  # read in a child process: here no GPU, torch's CUDA build none
     assert gpu["accelerator"].startswith("cuda ") and gpu["device"] != facts["device"]
@@ -126,6 +128,13 @@ def test_a_trial_records_the_candidates_it_leaves_out_and_why(tmp_path, launches
                                    [])
     assert list(mb16["specs"]) == ["blocks"] and set(mb16["skipped"]) == {"eager", "loss", "model", "model_graphs"}
     assert "4.1e+11 FLOP per block call" in mb16["skipped"]["model"]
+    # sharded and offloading strategies: the rule's measurements were not made there, so every candidate runs (the
+    # whole model without graphs only if the graphs fail: job/lever_trial.trial)
+    for strategy in ("zero3", "zero3_offload", "zero2_offload", "fsdp"):
+        other = study.lever_trial_specs(gpu, "gpt2-medium", strategy, Layout.data_parallel(1),
+                                        {"micro_batch_size": 4}, [])
+        assert list(other["specs"]) == ["eager", "loss", "blocks", "model", "model_graphs"], strategy
+        assert other["skipped"] == {}, strategy
 
 
 def test_one_candidate_left_is_chosen_by_rule_without_a_launch(tmp_path, launches):
@@ -258,3 +267,55 @@ def test_a_run_falls_back_once_when_levers_chosen_by_rule_fail(token_data, tmp_p
     assert summary["status"] == "ok" and summary["compile_model"] is False
     assert summary["compile_auto"] == ("rule: model_graphs, the one candidate that can win here; model_graphs "
                                        "failed in this run, eager")
+
+
+def test_a_compiled_region_past_the_recompile_limit_stops_the_run_and_auto_goes_again_eager(tmp_path, monkeypatch):
+    """Past dynamo's recompile limit a compiled region would run eager from then on, slower and silent: with the
+    levers' setting a real dynamo raises instead (here a function recompiled for a third dtype under a limit of 2),
+    the error is recognised through its chain, and the launcher trains an `auto`-decided run once more eager with
+    `compile_auto` saying what failed; a study's own forced levers get no second attempt."""
+    import torch
+
+    from workflow_scripts import columns as C
+    from workflow_scripts.job import launch as launcher
+
+    levers.stop_at_recompile_limit()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    f = torch.compile(lambda x: x * 2 + 1, backend="eager")
+    with pytest.raises(Exception) as caught:
+        for dtype in (torch.float32, torch.float64, torch.int32):
+            try:
+                f(torch.ones(3, dtype=dtype))
+            except Exception as exc:
+                raise RuntimeError("a rank's step failed") from exc
+    torch._dynamo.reset()
+    hit = levers.recompile_limit_hit(caught.value)
+    assert hit and hit.startswith("FailOnRecompileLimitHit")
+    assert levers.recompile_limit_hit(RuntimeError("another failure")) is None
+
+    tried = []
+
+    def once(spec, *args):
+        tried.append(dict(spec.train))
+        out = tmp_path / "out"
+        out.mkdir(exist_ok=True)
+        if len(tried) == 1:  # the first attempt's rank recorded the hit
+            (out / C.RECOMPILE_MARKER.format(rank=0)).write_text(json.dumps({"rank": 0, "error": hit}))
+            return 1
+        for marker in out.glob("recompile_limit_rank*.json"):  # launch_once clears them before the ranks start
+            marker.unlink()
+        return 0
+
+    monkeypatch.setattr(launcher, "launch_once", once)
+    spec = study.resolve(config(tmp_path), "gpt2-tiny", "ddp", 1, 0, {}, str(tmp_path / "out"), "w", [])
+    auto = spec.replace(train={**spec.train, **levers.CANDIDATES["model_graphs"],
+                               "compile_auto": "rule: model_graphs"})
+    assert launcher.launch(auto) == 0 and len(tried) == 2
+    again = tried[1]
+    assert {k: again[k] for k in levers.TRIAL_KEYS} == levers.CANDIDATES["eager"]
+    assert again["compile_auto"] == (f"rule: model_graphs; graphs hit dynamo's recompile limit in this run ({hit}), "
+                                     "eager")
+    tried.clear()
+    own = {k: v for k, v in spec.train.items() if k != "compile_auto"}  # no compile_auto: the study chose
+    forced = spec.replace(train={**own, **levers.CANDIDATES["model"]})
+    assert launcher.launch(forced) == 1 and len(tried) == 1

@@ -19,6 +19,13 @@ NOT_OK = (OOM, UNSUPPORTED, FAILED)  # most telling first
 STATUS_CELL = {OOM: "OOM", UNSUPPORTED: "unsupported", FAILED: "failed"}  # a status as a table cell says it
 STATUS_MARK = {**STATUS_CELL, UNSUPPORTED: "n/a"}  # a status as a figure marks it (short: it is drawn vertically)
 
+# ---------------------------------------------------------------- column kinds
+# Every column of the tables below has one kind, declared beside its name; the parse stage writes the Parquet schema
+# from them and refuses a value that does not fit its column. Every cell may be empty (an oom or unsupported row has
+# most of them empty).
+TEXT, BOOL, INT, FLOAT = "text", "bool", "int", "float"
+JSON = "json"  # a list or dict, its cell the JSON text
+
 # ---------------------------------------------------------------- one run's directory (training -> parse)
 SUMMARY = "summary.json"  # the run's row: trainer summary + sampler peaks + status
 TRAIN_SUMMARY = "train_summary.json"  # rank 0's summary, before the launcher merges the sampler's
@@ -28,6 +35,7 @@ SETTINGS = "strategy_settings.json"  # the exact DeepSpeed JSON / DDP / FSDP set
 PROVENANCE = "provenance.json"
 RUN_SPEC = "run_spec.json"
 OOM_MARKER = "oom_rank{rank}.json"
+RECOMPILE_MARKER = "recompile_limit_rank{rank}.json"  # a rank whose compiled region hit dynamo's recompile limit
 # run spec keys that never change a number (where files go, how the run is observed, the data's paths: the data
 # itself counts by its manifest): which checkpoint a run may resume (training/checkpoint.resume_hash) and what a
 # verification rerun compares (replay.settings)
@@ -38,36 +46,77 @@ TRAIN_NOT_SETTINGS = ("log_every", "checkpoint_every", "tensorboard", "fault_inj
                       "lever_trial")  # where a measured decision was read: the decided levers count
 
 # one row per optimizer step, written by the training loop
-METRIC_COLUMNS = ["step", "epoch", "loss", "lr", "step_time_s", "forward_s", "backward_s", "optimizer_s",
-                  "tokens", "samples", "warmup", "wall_s", "profiled"]
-# one row per VRAM sample, written by the sampler (measure/vram)
-SAMPLER_COLUMNS = ["time_unix", "t_s", "backend", "device", "used_bytes", "total_bytes", "process_bytes", "step"]
+METRIC_TYPES = {"step": INT, "epoch": INT, "loss": FLOAT, "lr": FLOAT, "step_time_s": FLOAT, "forward_s": FLOAT,
+                "backward_s": FLOAT, "optimizer_s": FLOAT, "tokens": INT, "samples": INT, "warmup": BOOL,
+                "wall_s": FLOAT, "profiled": BOOL}
+METRIC_COLUMNS = list(METRIC_TYPES)
+# one row per VRAM sample, written by the sampler (measure/vram); device -1 is the host
+SAMPLER_TYPES = {"time_unix": FLOAT, "t_s": FLOAT, "backend": TEXT, "device": INT, "used_bytes": INT,
+                 "total_bytes": INT, "process_bytes": INT, "step": INT}
+SAMPLER_COLUMNS = list(SAMPLER_TYPES)
 
 # ---------------------------------------------------------------- study tables (parse -> tables, figures)
 # what identifies a run in every table; `layout` is the run's parallel layout key (ws2, dp2-pp2-tp2, ...)
-ID_COLUMNS = ["run_id", "model", "strategy", "layout", "world_size", "repeat"]
+ID_TYPES = {"run_id": TEXT, "model": TEXT, "strategy": TEXT, "layout": TEXT, "world_size": INT, "repeat": INT}
+ID_COLUMNS = list(ID_TYPES)
 # what identifies a group of repeats (one row of the summary table)
 GROUP_KEYS = ["model", "strategy", "layout"]
-STEP_COLUMNS = ID_COLUMNS + METRIC_COLUMNS
-# the run table (parse -> tables, figures, verify): its columns, and those read as text
-RUN_COLUMNS = [
-    "run_id", "study", "model", "strategy", "family", "zero_stage", "layout", "world_size", "repeat", "platform",
-    "device_name", "precision", "precision_detail", "status", "reason", "in_figures", "n_params", "n_layer",
-    "d_model", "seq_len", "vocab_size", "micro_batch", "grad_accum", "effective_batch", "tokens_per_step", "steps",
-    "steps_per_epoch", "epochs", "train_samples", "time_per_epoch_s", "train_time_s", "step_time_median_s",
-    "step_time_p90_s", "forward_median_s", "backward_median_s", "optimizer_median_s", "tokens_per_s",
-    "samples_per_s", "flops_per_token", "peak_tflops", "mfu", "peak_allocated_bytes", "peak_reserved_bytes",
-    "peak_host_rss_bytes", "initial_loss", "final_loss", "val_loss_initial", "val_loss_final", "val_ppl_final",
-    "predicted_model_state_bytes", "predicted_host_state_bytes", "sampler_status", "sampler_peak_device_bytes",
-    "sampler_peak_host_bytes", "predicted_peak_bytes", "predicted_device_peak_bytes", "predicted_peak_note",
-    "predicted_step_s", "predicted_tokens_per_s", "predicted_step_note", "val_accuracy_initial", "val_accuracy_final",
-    "trainable_params", "compile_blocks", "compile_loss",
-    "compile_model", "compile_mode", "compile_auto", "provenance", "settings",
-]
-RUN_TEXT = {"run_id", "study", "model", "strategy", "family", "layout", "platform", "device_name", "precision",
-            "precision_detail", "status", "reason", "in_figures", "sampler_status", "provenance", "settings",
-            "predicted_peak_note", "predicted_step_note", "compile_mode", "compile_auto"}
-VRAM_COLUMNS = ID_COLUMNS + SAMPLER_COLUMNS
+STEP_TYPES = ID_TYPES | METRIC_TYPES  # tables/steps
+STEP_COLUMNS = list(STEP_TYPES)
+VRAM_TYPES = ID_TYPES | SAMPLER_TYPES  # tables/vram
+VRAM_COLUMNS = list(VRAM_TYPES)
+# the run table (parse -> tables, figures, verify, claims): the contract's columns. Measured bytes are whole numbers,
+# predicted ones need not be. compile_model: whether the whole model was compiled, compiled_module: what was
+# (torch.compile(DistributedDataParallel, mode=default), ...). initialisation: "random", or "pretrained: <hub id or
+# directory>" (the run spec's `pretrained`); substitutions: those the run's provenance records, "; " between them
+# ("" where none, empty where the run has no provenance).
+RUN_TYPES = {
+    "run_id": TEXT, "study": TEXT, "model": TEXT, "strategy": TEXT, "family": TEXT, "zero_stage": INT,
+    "layout": TEXT, "world_size": INT, "repeat": INT, "platform": TEXT, "device_name": TEXT, "precision": TEXT,
+    "precision_detail": TEXT, "status": TEXT, "reason": TEXT, "in_figures": BOOL, "n_params": INT, "n_layer": INT,
+    "d_model": INT, "seq_len": INT, "vocab_size": INT, "micro_batch": INT, "grad_accum": INT,
+    "effective_batch": INT, "tokens_per_step": INT, "steps": INT, "steps_per_epoch": INT, "epochs": FLOAT,
+    "train_samples": INT, "time_per_epoch_s": FLOAT, "train_time_s": FLOAT, "step_time_median_s": FLOAT,
+    "step_time_p90_s": FLOAT, "forward_median_s": FLOAT, "backward_median_s": FLOAT, "optimizer_median_s": FLOAT,
+    "tokens_per_s": FLOAT, "samples_per_s": FLOAT, "flops_per_token": FLOAT, "peak_tflops": FLOAT, "mfu": FLOAT,
+    "peak_allocated_bytes": INT, "peak_reserved_bytes": INT, "peak_host_rss_bytes": INT, "initial_loss": FLOAT,
+    "final_loss": FLOAT, "val_loss_initial": FLOAT, "val_loss_final": FLOAT, "val_ppl_final": FLOAT,
+    "predicted_model_state_bytes": FLOAT, "predicted_host_state_bytes": FLOAT, "sampler_status": TEXT,
+    "sampler_peak_device_bytes": INT, "sampler_peak_host_bytes": INT, "predicted_peak_bytes": FLOAT,
+    "predicted_device_peak_bytes": FLOAT, "predicted_peak_note": TEXT, "predicted_step_s": FLOAT,
+    "predicted_tokens_per_s": FLOAT, "predicted_step_note": TEXT, "val_accuracy_initial": FLOAT,
+    "val_accuracy_final": FLOAT, "trainable_params": INT, "compile_blocks": BOOL, "compile_loss": BOOL,
+    "compile_model": BOOL, "compiled_module": TEXT, "compile_mode": TEXT, "compile_auto": TEXT,
+    "initialisation": TEXT, "substitutions": TEXT, "provenance": TEXT, "settings": TEXT, "run_dir": TEXT,
+}
+RUN_COLUMNS = list(RUN_TYPES)
+# the run table's columns a reader takes as text, not numbers (the bools too: report/tables.parse_bool reads them)
+RUN_TEXT = {c for c, kind in RUN_TYPES.items() if kind in (TEXT, BOOL)}
+# the run table's further columns: the other keys a summary.json carries (training/loop.py run_summary and finish,
+# job/launch.py write_result, write_not_started and sampler_fields), outside the contract. A summary key declared in
+# neither is an error of the parse stage: the table's columns never depend on which runs it holds.
+RUN_EXTRA_TYPES = {
+    "parallel": JSON, "dp_size": INT, "tokenizer_vocab_size": INT, "timing_warmup_steps": INT,
+    "epoch_time_s": JSON, "timed_steps": INT, "timing_note": TEXT, "peak_allocated_bytes_per_rank": JSON,
+    "peak_reserved_bytes_per_rank": JSON, "peak_host_rss_bytes_per_rank": JSON, "dynamo_graphs": INT,
+    "dynamo_graph_breaks": INT, "dynamo_frames": INT, "resumed_from_step": INT, "checkpoint_fallback": TEXT,
+    "oom_ranks": JSON, "oom_allocated_bytes": INT, "oom_reserved_bytes": INT, "sampler_reason": TEXT,
+    "sampler_backends": JSON, "sampler_samples": INT, "sampler_hz": FLOAT, "sampler_gaps": JSON,
+    "sampler_peak_process_bytes": JSON, "launch_wall_s": FLOAT, "variant": TEXT,
+}
+RUN_TABLE_TYPES = RUN_TYPES | RUN_EXTRA_TYPES  # every column of tables/runs.csv and runs.parquet, in order
+
+
+def provenance_types(packages) -> dict:
+    """The columns of the provenance table (parse: one row per run), each with its kind: one text column per package
+    whose version provenance records (`packages`: measure/provenance.PACKAGES, a layer above this module) after the
+    config hash."""
+    return {"run_id": TEXT, "status": TEXT, "git_commit": TEXT, "git_dirty": BOOL, "config_hash": TEXT,
+            **dict.fromkeys(packages, TEXT),
+            "cuda": TEXT, "rocm": TEXT, "devices": TEXT, "cpu_model": TEXT, "driver": TEXT, "nccl": TEXT,
+            "sm_clock_max_mhz": TEXT, "power_limit_w": TEXT, "host": TEXT, "container": TEXT, "image_digest": TEXT,
+            "image_recipe_commit": TEXT, "image_recipe_dirty": BOOL, "slurm_job_id": TEXT, "start_unix": FLOAT,
+            "end_unix": FLOAT, "substitutions": TEXT, "settings": TEXT}
 
 
 def layout_key(layout, world_size) -> str:

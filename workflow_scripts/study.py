@@ -128,7 +128,8 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
     auto = [k for k, v in train.items() if v == replay.AUTO]
     trial = lever_trial_path(config, model, strategy, layout.key) if measured else None
     train = levers.resolve(train, config["platform"], layout.degrees(), MODELS[model].family,
-                           block_flops(config, model, micro, layout.degrees()), trial)
+                           block_flops(config, model, micro, layout.degrees()),
+                           levers.evidence_family(strategy, options), trial)
     # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
     train["seed"] = config["train"]["seed"] + int(repeat)
     guard, profile = None, None
@@ -214,9 +215,11 @@ def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, o
     train = {**config["train"], **overrides}
     root = lever_trial_root(config, model, strategy, layout.key)
     one = resolve(config, model, strategy, layout, 0, overrides, out_dir=root, work_dir=root, ops=ops)
+    evidence = levers.evidence_family(strategy, one.options)
     names, skipped = levers.trial_candidates(cfg["candidates"], config["platform"], layout.data_only,
                                              MODELS[model].family, train,
-                                             block_flops(config, model, one.micro_batch, layout.degrees()))
+                                             block_flops(config, model, one.micro_batch, layout.degrees()),
+                                             evidence=evidence)
     steps = {"max_steps": train["timing_warmup_steps"] + cfg["steps"], "checkpoint_every": 0,
              "log_every": max(1, cfg["steps"]), "eval_batches": 1}
     specs = {}

@@ -137,21 +137,39 @@ def identity(spec: RunSpec, ctx) -> dict:
 
 
 def launch(spec: Mapping, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
-    """The run with the levers its trial decided (levers.apply_trial); where the trial chose by rule without
-    launching anything and the run then fails or runs out of memory, once more with the fallback the trial named
-    (levers.apply_fallback: the whole model without CUDA graphs), `compile_auto` saying so."""
-    from workflow_scripts.training.levers import apply_fallback, apply_trial
+    """The run with the levers its trial decided (levers.apply_trial). Where the trial chose by rule without
+    launching anything and the run then fails or runs out of memory: once more with the fallback the trial named
+    (levers.apply_fallback: the whole model without CUDA graphs). Where an `auto`-decided run's compiled region hit
+    dynamo's recompile limit (the ranks' marker, training/loop.py): once more eager (levers.eager_after). Each time
+    `compile_auto` says so; a run whose levers were set by the study fails with dynamo's error instead."""
+    from workflow_scripts.training.levers import apply_fallback, apply_trial, eager_after
 
     spec = as_spec(spec)
-    rc = launch_once(spec.replace(train=apply_trial(spec.train)), nnodes, node_rank, endpoint)
-    if nnodes > 1 or rc == graceful_stop.STOPPED_EXIT or not (rc != 0 or ran_out_of_memory(Path(spec.out_dir))):
-        return rc
-    behind = apply_fallback(spec.train)
-    if behind is None:
-        return rc
-    print(f"launch: the levers failed ({'exit code ' + str(rc) if rc else 'out of memory'}); again with "
-          f"{behind['compile_auto'].rsplit(', ', 1)[-1]}", flush=True)
-    return launch_once(spec.replace(train=behind), nnodes, node_rank, endpoint)
+    auto = "compile_auto" in spec.train or "lever_trial" in spec.train
+    train, fell_back = apply_trial(spec.train), False
+    while True:
+        rc = launch_once(spec.replace(train=train), nnodes, node_rank, endpoint)
+        if nnodes > 1 or rc == graceful_stop.STOPPED_EXIT or not (rc != 0 or ran_out_of_memory(Path(spec.out_dir))):
+            return rc
+        hit = recompile_limit_hit(Path(spec.out_dir))
+        if hit and auto and train.get("compile_mode") is not None and any(
+                train.get(k) is True for k in ("compile_blocks", "compile_model", "compile_loss")):
+            train = eager_after(train, hit)
+            print(f"launch: {hit}; again eager", flush=True)
+            continue
+        behind = None if fell_back or hit else apply_fallback(spec.train)
+        if behind is None:
+            return rc
+        print(f"launch: the levers failed ({'exit code ' + str(rc) if rc else 'out of memory'}); again with "
+              f"{behind['compile_auto'].rsplit(', ', 1)[-1]}", flush=True)
+        train, fell_back = behind, True
+
+
+def recompile_limit_hit(out_dir: Path) -> str | None:
+    """The recompile-limit failure a rank of the last attempt recorded (training/loop.py), if any."""
+    for marker in sorted(out_dir.glob(C.RECOMPILE_MARKER.format(rank="*"))):
+        return json.loads(marker.read_text())["error"]
+    return None
 
 
 def ran_out_of_memory(out_dir: Path) -> bool:
@@ -189,7 +207,8 @@ def launch_once(spec: RunSpec, nnodes: int = 1, node_rank: int = 0, endpoint: st
         write_not_started(spec, ctx, RunStatus.OOM, reason, started)
         return 0
 
-    for marker in [*out_dir.glob("oom_rank*.json"), out_dir / graceful_stop.STOPPED_MARKER]:
+    for marker in [*out_dir.glob(C.OOM_MARKER.format(rank="*")), *out_dir.glob(C.RECOMPILE_MARKER.format(rank="*")),
+                   out_dir / graceful_stop.STOPPED_MARKER]:
         marker.unlink(missing_ok=True)
     cmd = torchrun_command(spec, spec_path, nnodes, node_rank, endpoint)
     print("launch:", " ".join(cmd), flush=True)

@@ -15,11 +15,11 @@ Where no candidate finishes, the choice is eager (the settings every strategy ru
 stopped by SIGTERM (the workflow stopping: training/graceful_stop.py) ends the trial there, without a verdict.
 
 A decision is cached (config `auto_levers.cache`: the machine's cache, `lever_decisions/<key>.json`), keyed by the
-configuration's shape (the trial file's `shape`: study.lever_trial_specs) and the machine: the device model (the
+configuration's shape (the trial file's `shape`: study.lever_trial_specs), the machine: the device model (the
 GPUs' names; on CPU the CPU's model) and the versions of torch, its CUDA / ROCm, DeepSpeed, transformers and
-Python. A trial whose key is there launches no candidate: it writes the cached decision, its `why` saying `cached`
-and the device it was measured on. Another device or another version is another key; a trial where no candidate
-finished is not cached.
+Python, and the training modules' code (training_code: a change there decides again). A trial whose key is there
+launches no candidate: it writes the cached decision, its `why` saying `cached` and the device it was measured on.
+Another device, version or training code is another key; a trial where no candidate finished is not cached.
 
     python -m workflow_scripts.job.lever_trial --trial <trial file> --out <verdict> --log <job log>
 
@@ -220,9 +220,20 @@ def machine(platform: str, world_size: int = 1) -> dict:
             "accelerator": gpus["accelerator"]}
 
 
-def decision_key(shape: dict, facts: dict) -> str:
-    """The cache key of a decision: a hash of the configuration's shape and the machine's facts."""
-    text = json.dumps({"shape": shape, "machine": facts}, sort_keys=True, default=str)
+def training_code() -> str:
+    """A hash of the training modules (workflow_scripts/training, every .py, by path and content): what runs a
+    candidate's steps, so a change to it decides again."""
+    root = Path(levers.__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def decision_key(shape: dict, facts: dict, code: str) -> str:
+    """The cache key of a decision: a hash of the configuration's shape, the machine's facts and the training
+    modules' hash (training_code)."""
+    text = json.dumps({"shape": shape, "machine": facts, "training_code": code}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -293,7 +304,7 @@ def decide(plan_path: str) -> dict:
     if directory is not None:
         first = next(iter(specs.values()), None)
         facts = machine(first.platform if first else shape["platform"], first.world_size if first else 1)
-        key = decision_key(shape, facts)
+        key = decision_key(shape, facts, training_code())
         entry = cached(directory, key)
     if entry is not None:
         print(f"lever decision cached: {directory / (key + '.json')}; no candidate launched", flush=True)

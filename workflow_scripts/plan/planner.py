@@ -71,15 +71,16 @@ def usable_bytes(plan: dict) -> float:
     return (plan["gpu_memory_gib"] - plan["headroom_gib"]) * GIB
 
 
-def resolved_train(config: dict, model: str, layout: dict, micro_batch: int, seq_len: int) -> dict:
+def resolved_train(config: dict, model: str, strategy: str, layout: dict, micro_batch: int, seq_len: int) -> dict:
     """The candidate's train settings with `auto` levers resolved as its run spec would (training/levers.py)."""
+    evidence = levers.evidence_family(strategy, config["strategy_options"].get(strategy, {}))
     return levers.resolve(config["train"], config["platform"], layout, MODELS[model].family,
-                          study.block_flops(config, model, micro_batch, layout, seq_len))
+                          study.block_flops(config, model, micro_batch, layout, seq_len), evidence)
 
 
-def compiled(config: dict, layout: dict, model: str, micro_batch: int, seq_len: int) -> bool:
+def compiled(config: dict, layout: dict, model: str, strategy: str, micro_batch: int, seq_len: int) -> bool:
     """Whether the run compiles (train.compile_blocks / compile_loss, `auto` resolved as a run spec does)."""
-    t = resolved_train(config, model, layout, micro_batch, seq_len)
+    t = resolved_train(config, model, strategy, layout, micro_batch, seq_len)
     return levers.compiles(t, MODELS[model].family, layout)
 
 
@@ -120,7 +121,7 @@ def throughput(config: dict, rates, cell: dict, vocab: int, seq_len: int, fabric
     micro, accum = cell.get("split") or split(strategy, config, cell["micro_batch"])
     run = step_time.run_for(model=model, strategy=strategy, precision=cell["precision"], layout=layout,
                             micro_batch=micro, accum=accum, seq_len=seq_len, vocab=vocab,
-                            train=resolved_train(config, model, layout, micro, seq_len),
+                            train=resolved_train(config, model, strategy, layout, micro, seq_len),
                             options=config["strategy_options"].get(strategy, {}),
                             overrides=config["model_overrides"].get(model))
     if why := step_time.not_modelled(run):
@@ -155,7 +156,7 @@ def rows(config: dict) -> pd.DataFrame:
                                 vocab=vocab, overrides=config["model_overrides"].get(model),
                                 options=config["strategy_options"].get(strategy, {}),
                                 checkpointing=recompute.mode(train),
-                                compiled=compiled(config, {"dp": n}, model, micro, seq_len))
+                                compiled=compiled(config, {"dp": n}, model, strategy, micro, seq_len))
                     total, device = (p.total, p.device) if p.modelled else (None, None)
                     cell = {"model": model, "strategy": strategy, "gpus": n, "micro_batch": mb,
                             "precision": precision}

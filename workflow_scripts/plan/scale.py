@@ -80,7 +80,7 @@ def candidate(config, rates, fabric, model, strategy, layout: Layout, mb, vocab,
                 overrides=config["model_overrides"].get(model), layout=degrees,
                 options=config["strategy_options"].get(strategy, {}),
                 checkpointing=recompute.mode(config["train"]),
-                compiled=planner.compiled(config, degrees, model, micro, seq_len))
+                compiled=planner.compiled(config, degrees, model, strategy, micro, seq_len))
     device = p.device if p.modelled else None
     fits = None if device is None or (p.bound and device > usable) else bool(device <= usable)
     row = {"model": model, "strategy": strategy, "gpus": layout.world_size, "layout": layout.key,

@@ -3,55 +3,197 @@
     python -m workflow_scripts.report.parse --runs DIR [DIR ...] --out-dir <set>/tables \
         [--calibration <set>/calibration/calibration.json]
 
-Writes runs/steps/vram as CSV and Parquet. Runs that ended `oom` or `unsupported` keep their row. Every ok GPU row
-carries the memory model's predicted peak and, from the study's calibration, the step-time model's predicted step
-time and throughput (plan/step_time.py), or a note saying why there is none.
+Writes runs/steps/vram/provenance as CSV and Parquet. Runs that ended `oom` or `unsupported` keep their row. Every ok
+GPU row carries the memory model's predicted peak and, from the study's calibration, the step-time model's predicted
+step time and throughput (plan/step_time.py), or a note saying why there is none.
+
+Every table has the columns workflow_scripts/columns.py declares, in its order, each of its declared kind (the
+Parquet schema), whichever runs the table holds: a column a run lacks is empty there. A value that does not fit its
+column's kind, or a key or file column declared nowhere, is an error naming the run and the column, raised before
+any table is written.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import numbers
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from workflow_scripts import columns as C
 from workflow_scripts.columns import ID_COLUMNS
 from workflow_scripts.measure.metrics import timing
+from workflow_scripts.measure.provenance import PACKAGES
 from workflow_scripts.training.strategies import STRATEGIES
 
+ARROW = {C.TEXT: pa.string(), C.BOOL: pa.bool_(), C.INT: pa.int64(), C.FLOAT: pa.float64(), C.JSON: pa.string()}
+PANDAS = {C.TEXT: "string", C.BOOL: "boolean", C.INT: "Int64", C.FLOAT: "Float64", C.JSON: "string"}
+BOOL_TEXT = {"true": True, "false": False}  # a bool cell of a CSV (csv writes True / False)
+TABLE_TYPES = {"runs": C.RUN_TABLE_TYPES, "steps": C.STEP_TYPES, "vram": C.VRAM_TYPES,
+               "provenance": C.provenance_types(PACKAGES)}
 
-def _flat(summary: dict) -> dict:
-    """Lists and dicts become JSON strings so every cell of the run table is a scalar."""
-    return {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in summary.items()}
+
+# ---------------------------------------------------------------- cells of a declared kind
+def cell(value, kind: str):
+    """A value of a run's JSON file as a cell of a `kind` column: None where empty (None, NaN), a list or dict as its
+    JSON text, a whole float as an int; TypeError where it does not fit (a number is never text, nor a bool a
+    number)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    is_bool = isinstance(value, (bool, np.bool_))
+    number = isinstance(value, numbers.Real) and not is_bool
+    if kind == C.TEXT and isinstance(value, str):
+        return str(value)
+    if kind == C.JSON and isinstance(value, (list, dict)):
+        return json.dumps(value)
+    if kind == C.BOOL and is_bool:
+        return bool(value)
+    if kind == C.FLOAT and number:
+        return float(value)
+    if kind == C.INT and number and float(value).is_integer():
+        return int(value)
+    raise TypeError(f"{value!r} is not {kind}")
 
 
-def retimed(summary: dict, spec: dict, run_dir: Path) -> dict:
-    """Time, throughput and MFU recomputed from the per-step rows with the one shared rule
+def text_cell(text: str, kind: str):
+    """A cell of a run's CSV file (its text) as a cell of a `kind` column: None where empty; TypeError where it does
+    not fit."""
+    if text == "":
+        return None
+    if kind in (C.TEXT, C.JSON):
+        return text
+    if kind == C.BOOL:
+        if text.lower() in BOOL_TEXT:
+            return BOOL_TEXT[text.lower()]
+        raise TypeError(f"{text!r} is not {kind}")
+    for number in (int, float):  # int first: a whole number keeps every digit
+        try:
+            return cell(number(text), kind)
+        except ValueError:
+            pass
+    raise TypeError(f"{text!r} is not {kind}")
+
+
+def checked_row(row: dict, types: dict, where: str) -> dict:
+    """`row` with every declared column, in order, each value a cell of its kind; ValueError naming `where` (the
+    run) and the column for a value that does not fit or a key declared nowhere."""
+    undeclared = [k for k in row if k not in types]
+    if undeclared:
+        raise ValueError(f"{where}: no declared column type for {', '.join(map(repr, undeclared))} (declare each in "
+                         "workflow_scripts/columns.py)")
+    out = {}
+    for column, kind in types.items():
+        try:
+            out[column] = cell(row.get(column), kind)
+        except TypeError as exc:
+            raise ValueError(f"{where}: column {column!r}: {exc}") from None
+    return out
+
+
+def checked_csv(path: Path, types: dict, where: str) -> dict[str, list]:
+    """A run's per-step or per-sample CSV as its cells per declared column (empty where the file has none), each
+    parsed as its kind; ValueError naming `where` (the run), the file's line and the column for a cell that does not
+    fit or a column declared nowhere."""
+    raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    undeclared = [c for c in raw.columns if c not in types]
+    if undeclared:
+        raise ValueError(f"{where}: {path.name} has columns with no declared type: {', '.join(undeclared)} "
+                         "(declare each in workflow_scripts/columns.py)")
+    cols = {}
+    for column, kind in types.items():
+        texts = raw[column].tolist() if column in raw else [""] * len(raw)
+        cells = []
+        for line, text in enumerate(texts, start=2):
+            try:
+                cells.append(text_cell(text, kind))
+            except TypeError as exc:
+                raise ValueError(f"{where}: {path.name} line {line}, column {column!r}: {exc}") from None
+        cols[column] = cells
+    return cols
+
+
+def records(cols: dict[str, list]) -> list[dict]:
+    """Cells per column as one dict per row."""
+    return [dict(zip(cols, values)) for values in zip(*cols.values())]
+
+
+def with_ids(cols: dict[str, list], row: dict) -> dict[str, list]:
+    """A run's per-step or per-sample cells with the run's identifying cells in front."""
+    n = len(next(iter(cols.values())))
+    return {c: [row[c]] * n for c in ID_COLUMNS} | cols
+
+
+def typed_frame(parts: list[dict[str, list]], types: dict) -> pd.DataFrame:
+    """Checked cells, one {column: cells} per run, as one frame of the declared columns in order, each of its kind's
+    nullable pandas dtype."""
+    return pd.DataFrame({c: pd.array([v for part in parts for v in part[c]], dtype=PANDAS[kind])
+                         for c, kind in types.items()})
+
+
+def schema(types: dict) -> pa.Schema:
+    """The Parquet schema of a table: its declared columns in order, every one nullable."""
+    return pa.schema([pa.field(c, ARROW[kind]) for c, kind in types.items()])
+
+
+def run_name(run_dir: Path) -> str:
+    """A run as an error names it: its run_id (where its summary has one) and directory."""
+    run_id = json.loads((run_dir / C.SUMMARY).read_text()).get("run_id")
+    return f"run {run_id} ({run_dir})" if run_id else f"run {run_dir}"
+
+
+def retimed(summary: dict, spec: dict, rows: list[dict]) -> dict:
+    """Time, throughput and MFU recomputed from the per-step rows (checked: checked_csv) with the one shared rule
     (metrics.timing), so every run of a table is measured the same way."""
     if summary.get("status") != C.OK:
         return summary
-    rows = pd.read_csv(run_dir / C.METRICS).to_dict("records")
     return {**summary, **timing(rows, summary["steps_per_epoch"], summary["world_size"],
                                 summary["flops_per_token"], summary["device_name"],
                                 spec["train"].get("checkpoint_every", 0))}
 
 
-def run_row(run_dir: Path, tables_dir: Path, rates=None) -> dict:
+def run_row(run_dir: Path, tables_dir: Path, steps: list[dict], rates=None) -> dict:
+    """The run's row of the run table (`steps`: its per-step rows), its values as the run's files hold them (parse
+    checks them against the declared kinds)."""
     spec = json.loads((run_dir / C.RUN_SPEC).read_text())
     # the exact engine settings the run wrote (none where it stopped before building its engine)
     settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
-    summary = retimed(json.loads((run_dir / C.SUMMARY).read_text()), spec, run_dir)
+    summary = retimed(compiled_module(json.loads((run_dir / C.SUMMARY).read_text())), spec, steps)
+    provenance = json.loads((run_dir / C.PROVENANCE).read_text()) if (run_dir / C.PROVENANCE).exists() else None
     strategy = STRATEGIES.get(summary["strategy"])
-    row = _flat(summary)
+    row = dict(summary)
     row["layout"] = C.layout_key(row.get("layout"), summary["world_size"])
     row["reason"] = summary.get("reason")
     row["in_figures"] = bool(strategy.in_figures) if strategy else True
+    row["initialisation"] = initialisation(spec)
+    row["substitutions"] = substitutions(provenance) if provenance is not None else None
     row["provenance"] = os.path.relpath(run_dir / C.PROVENANCE, tables_dir)
     row["settings"] = os.path.relpath(run_dir / C.SETTINGS, tables_dir)
     row["run_dir"] = os.path.relpath(run_dir, tables_dir)
     return row | predicted_peak(summary, spec, settings) | predicted_step(summary, spec, settings, rates)
+
+
+def compiled_module(summary: dict) -> dict:
+    """The summary with `compile_model` a bool and `compiled_module` what was compiled; the summaries of some
+    committed sets carry the description in `compile_model` itself."""
+    if not isinstance(summary.get("compile_model"), str):
+        return summary
+    return {**summary, "compile_model": True, "compiled_module": summary["compile_model"]}
+
+
+def initialisation(spec: dict) -> str:
+    """Where the run's weights started: "random", or "pretrained: <the run spec's `pretrained`>"."""
+    return "random" if spec.get("pretrained") is None else f"pretrained: {spec['pretrained']}"
+
+
+def substitutions(provenance: dict) -> str:
+    """The substitutions a run's provenance records, "; " between them ("" where none)."""
+    return "; ".join(provenance.get("substitutions") or [])
 
 
 def predicted_peak(summary: dict, spec: dict, settings: dict | None) -> dict:
@@ -129,32 +271,31 @@ def provenance_row(run_dir: Path, row: dict) -> dict:
             "host": p.get("host"), "container": p.get("container"), **image_columns(p.get("image")),
             "slurm_job_id": p.get("slurm_job_id"),
             "start_unix": p.get("start_unix"), "end_unix": p.get("end_unix"),
-            "substitutions": "; ".join(p.get("substitutions") or []), "settings": row["settings"]}
-
-
-def with_ids(frame: pd.DataFrame, row: dict) -> pd.DataFrame:
-    for i, col in enumerate(ID_COLUMNS):
-        frame.insert(i, col, row[col])
-    return frame
+            "substitutions": row["substitutions"], "settings": row["settings"]}
 
 
 def parse(run_dirs: list[str], out_dir: str, calibration: str | None = None) -> dict[str, pd.DataFrame]:
+    """The four tables of these runs, written into `out_dir` once every run's values are checked."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rows, steps, vram, prov = [], [], [], []
     rates = step_rates(calibration)
     for d in map(Path, run_dirs):
-        row = run_row(d, out, rates)
-        rows.append(row)
-        prov.append(provenance_row(d, row))
-        steps.append(with_ids(pd.read_csv(d / C.METRICS), row))
-        vram.append(with_ids(pd.read_csv(d / C.VRAM), row))
-    tables = {"runs": pd.DataFrame(rows), "steps": pd.concat(steps, ignore_index=True),
-              "vram": pd.concat(vram, ignore_index=True), "provenance": pd.DataFrame(prov)}
+        run = run_name(d)
+        metrics = checked_csv(d / C.METRICS, C.METRIC_TYPES, run)
+        row = checked_row(run_row(d, out, records(metrics), rates), TABLE_TYPES["runs"], run)
+        rows.append({c: [v] for c, v in row.items()})
+        prov.append({c: [v] for c, v in checked_row(provenance_row(d, row), TABLE_TYPES["provenance"], run).items()})
+        steps.append(with_ids(metrics, row))
+        vram.append(with_ids(checked_csv(d / C.VRAM, C.SAMPLER_TYPES, run), row))
+    tables = {name: typed_frame(parts, TABLE_TYPES[name])
+              for name, parts in (("runs", rows), ("steps", steps), ("vram", vram), ("provenance", prov))}
+    out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
         frame.to_csv(out / f"{name}.csv", index=False)
-        frame.to_parquet(out / f"{name}.parquet", index=False)
-    (out / "provenance.md").write_text("# Provenance\n\n" + tables["provenance"].to_markdown(index=False) + "\n")
+        pq.write_table(pa.Table.from_pandas(frame, schema=schema(TABLE_TYPES[name]), preserve_index=False),
+                       out / f"{name}.parquet")
+    shown = tables["provenance"].astype(object).where(tables["provenance"].notna(), None)
+    (out / "provenance.md").write_text("# Provenance\n\n" + shown.to_markdown(index=False) + "\n")
     return tables
 
 
@@ -165,8 +306,7 @@ def main(argv=None):
     ap.add_argument("--calibration", help="the study's calibration.json (the step-time model's rates)")
     a = ap.parse_args(argv)
     tables = parse(a.runs, a.out_dir, a.calibration)
-    print(tables["runs"][["run_id", "status", "final_loss", "tokens_per_s"]
-                         if "final_loss" in tables["runs"] else ["run_id", "status"]].to_string())
+    print(tables["runs"][["run_id", "status", "final_loss", "tokens_per_s"]].to_string())
 
 
 if __name__ == "__main__":

@@ -16,16 +16,17 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
 
 Both default to `auto` (resolve, called when the study resolves a run spec), decided by a rule or by a measurement
 (config `auto_levers.by`, decided_by: its default `auto` measures on a one-node GPU study, keeps the rule on CPU). The
-rule: on a GPU platform they are on, the fast path; off on CPU (compilation costs
-more than it saves there), where a block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is
-host-bound there), under layout dimensions whose compiled runs were not checked on a GPU yet
+rule holds where its measurements were made (evidence_family, RULE_MEASURED_ON): on a GPU platform they are on, the
+fast path; off on CPU (compilation costs more than it saves there), for offloading strategies (not measured), where a
+block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is host-bound there), under layout dimensions whose compiled runs were not checked on a GPU yet
 (parallel.Dimension.compiled_on_gpu), and for MoE models (grouped_mm experts). The measurement: before a
 configuration's timed repeats, a few steps of each candidate lever set (CANDIDATES, whole-model compile and CUDA
 graphs among them) on the study's own machine and shape (rule lever_trial, job/lever_trial.py); the launcher
-applies the fastest (apply_trial). A trial's decision is kept in the machine's cache (machine_cache()/lever_decisions,
+applies the fastest (apply_trial). A compiled region that hits dynamo's recompile limit stops its run
+(stop_at_recompile_limit): an `auto`-decided run goes again eager (eager_after), a trial's candidate fails. A trial's decision is kept in the machine's cache (machine_cache()/lever_decisions,
 keyed by the device, the software versions and the configuration's shape: job/lever_trial.py), so a second study of
 the same shapes on the same machine and versions decides without a trial; candidates the rule knows cannot win are
-left out (trial_candidates), and where one is left nothing is launched: the run falls back by itself if it fails
+left out (trial_candidates: in the family the rule was measured on), and where one is left nothing is launched: the run falls back by itself if it fails
 (apply_fallback). The trial and the timed runs compile into the same on-disk inductor and Triton caches
 (build_ops.compile_caches, set by the launcher for every rank), so a timed run loads what its trial compiled. Either
 way the run spec records what the run does and why (`compile_auto`).
@@ -66,6 +67,29 @@ MIN_BLOCK_FLOPS = 2.0e11
 
 
 GPU_PLATFORMS = ("cuda", "rocm")
+# The strategy families the committed GPU measurements behind the rule were made on (dominated, MIN_BLOCK_FLOPS,
+# FALLBACK): DDP, ZeRO-1 and ZeRO-2 on one H100 / H200, every parameter whole on each rank and nothing offloaded
+# (benchmarks/2026-11-24-compile-regimes-h100.md, 2026-11-21-levers-h200.md, 2026-12-02-defaults-h200.md). Elsewhere
+# a trial runs every candidate it can (trial_candidates) and the rule keeps the settings every strategy runs where
+# nothing was measured (auto_compile). ZeRO-3's compiled blocks were measured at 2.2x its eager blocks at 3.8e11 FLOP
+# per block call (benchmarks/2026-11-26-zero3-one-gpu-h100.md): the rule's `on` above MIN_BLOCK_FLOPS holds for the
+# sharded family too.
+RULE_MEASURED_ON = ("replicated",)
+RULE_ON_ABOVE_MIN_BLOCK_FLOPS = ("replicated", "sharded")
+
+
+def evidence_family(strategy: str, options: dict | None = None) -> str:
+    """The family a lever measurement carries over within: `offload` (optimizer states or parameters on the host or
+    NVMe: the step waits on the host's Adam and the copies), `sharded` (parameters gathered per module: ZeRO-3,
+    ZeRO++, FSDP2), `replicated` (every parameter whole on each rank: DDP and its variants, ZeRO-0/1/2)."""
+    from types import SimpleNamespace
+
+    from workflow_scripts.training.strategies import get
+
+    s, view = get(strategy), SimpleNamespace(options=options or {})  # the offload switches read the options only
+    if s.offload_optimizer(view) or s.offload_params(view):
+        return "offload"
+    return "sharded" if s.zero_stage >= 3 else "replicated"
 
 
 def decided_by(auto_levers: dict | None, platform: str, nodes: int = 1) -> str:
@@ -78,9 +102,11 @@ def decided_by(auto_levers: dict | None, platform: str, nodes: int = 1) -> str:
     return "measurement" if platform in GPU_PLATFORMS and int(nodes) == 1 else "rule"
 
 
-def auto_compile(platform: str, layout: dict | None, family: str, block_flops: float) -> tuple[bool, str]:
-    """What `auto` means for one run: (compile?, why). `block_flops`: forward matmul FLOPs of one block call
-    (study.block_flops)."""
+def auto_compile(platform: str, layout: dict | None, family: str, block_flops: float, *,
+                 evidence: str) -> tuple[bool, str]:
+    """What `auto` means for one run by rule: (compile?, why). `block_flops`: forward matmul FLOPs of one block call
+    (study.block_flops); `evidence`: the strategy's evidence_family (compiled levers are on only in a family where
+    they were measured to win: RULE_ON_ABOVE_MIN_BLOCK_FLOPS)."""
     from workflow_scripts.training.parallel import DIMENSIONS
 
     if platform == "cpu":
@@ -94,11 +120,14 @@ def auto_compile(platform: str, layout: dict | None, family: str, block_flops: f
     if block_flops < MIN_BLOCK_FLOPS:
         return False, (f"auto: off, {block_flops:.1e} FLOP per block call < {MIN_BLOCK_FLOPS:.0e} (host-bound: "
                        "compiled blocks cost more per call than they save)")
+    if evidence not in RULE_ON_ABOVE_MIN_BLOCK_FLOPS:
+        return False, (f"auto: off for {evidence} strategies (compiled levers not measured there; "
+                       "auto_levers.by: measurement measures them)")
     return True, f"auto: on ({platform}, {block_flops:.1e} FLOP per block call)"
 
 
 def resolve(train: dict, platform: str, layout: dict | None, family: str, block_flops: float,
-            trial: str | None = None) -> dict:
+            evidence: str, trial: str | None = None) -> dict:
     """The run's train settings with `auto` levers made true/false (and the reason under `compile_auto`); with a
     `trial` (the lever trial's result file, measured `auto`), they stay `auto` and name the file (`lever_trial`):
     the launcher decides from it (apply_trial)."""
@@ -107,7 +136,7 @@ def resolve(train: dict, platform: str, layout: dict | None, family: str, block_
         return dict(train)
     if trial and trial_decides(train):
         return {**train, "lever_trial": trial}
-    on, why = auto_compile(platform, layout, family, block_flops)
+    on, why = auto_compile(platform, layout, family, block_flops, evidence=evidence)
     out = {**train, **{k: on for k in auto}, "compile_auto": why}
     if "compile_loss" in auto and (FAMILIES[family].vision or train.get("chunked_loss")):  # not lm_loss: none
         out["compile_loss"] = False
@@ -121,19 +150,22 @@ def trial_decides(train: dict) -> bool:
 
 
 def trial_candidates(names: list[str], platform: str, data_only: bool, family: str,
-                     train: dict, block_flops: float | None = None) -> tuple[dict, dict]:
+                     train: dict, block_flops: float | None = None, *, evidence: str) -> tuple[dict, dict]:
     """The candidates a configuration can run ({name: lever settings}) and those it cannot or that cannot win
-    ({name: why}): CUDA graphs need a GPU; compiled blocks do not pay below MIN_BLOCK_FLOPS per block call
-    (`block_flops`, study.block_flops: the whole-model compile, a few regions per step, is the candidate there); the
-    whole-model compile takes data-parallel layouts (config_check) and not the chunked loss; a ViT's loss and the
-    chunked loss have nothing to compile (the candidate is the one without it)."""
+    ({name: why}): CUDA graphs need a GPU; the whole-model compile takes data-parallel layouts (config_check) and
+    not the chunked loss; a ViT's loss and the chunked loss have nothing to compile (the candidate is the one
+    without it). In the strategy family the rule was measured on (`evidence`: evidence_family, RULE_MEASURED_ON),
+    compiled blocks do not pay below MIN_BLOCK_FLOPS per block call (`block_flops`, study.block_flops: the
+    whole-model compile, a few regions per step, is the candidate there) and the candidates that lost there are left
+    out (dominated); in any other family every runnable candidate runs."""
     run, skip = {}, {}
+    measured = evidence in RULE_MEASURED_ON
     no_loss = FAMILIES[family].vision or bool(train.get("chunked_loss"))
     for name in names:
         keys = {**CANDIDATES[name], **({"compile_loss": False} if no_loss else {})}
         if keys["compile_mode"] == "reduce-overhead" and platform == "cpu":
             skip[name] = "CUDA graphs need a GPU"
-        elif keys["compile_blocks"] and block_flops is not None and block_flops < MIN_BLOCK_FLOPS:
+        elif measured and keys["compile_blocks"] and block_flops is not None and block_flops < MIN_BLOCK_FLOPS:
             skip[name] = (f"{block_flops:.1e} FLOP per block call < {MIN_BLOCK_FLOPS:.0e}: compiled blocks cost more "
                           "per call than they save")
         elif keys["compile_model"] and not data_only:
@@ -144,7 +176,7 @@ def trial_candidates(names: list[str], platform: str, data_only: bool, family: s
             skip[name] = "the same settings as an earlier candidate here"
         else:
             run[name] = keys
-    if platform in GPU_PLATFORMS:
+    if platform in GPU_PLATFORMS and measured:
         pruned = dominated(run, block_flops)
         skip.update(pruned)
         run = {k: v for k, v in run.items() if k not in pruned}
@@ -228,12 +260,57 @@ def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
     whole = train.get("compile_model") is True
     blocks = train.get("compile_blocks") is True and not whole  # resolved by the run spec; "auto" compiles nothing
     mode = train.get("compile_mode", "default")
+    limit = stop_at_recompile_limit() if blocks or whole or train.get("compile_loss") is True else {}
     extra = strategy.compile_blocks(model, mode) if blocks else {}
-    return {**extra, "compile_blocks": blocks, "compile_model": whole,
+    return {**extra, **limit, "compile_blocks": blocks, "compile_model": whole,
             "compile_loss": train.get("compile_loss") is True,
             "compile_mode": mode, "attn_implementation": train.get("attn_implementation", "sdpa"),
             "host_sync": f"every {train.get('log_every')} steps (losses and CUDA-event timings read together)",
             "loader": "pinned host memory, non_blocking copies"}
+
+
+def stop_at_recompile_limit() -> dict:
+    """A compiled region that recompiles past dynamo's limit runs eager from then on, a slower run that says
+    nothing; here it stops the run instead (FailOnRecompileLimitHit: loop.py writes the marker, job/launch.py runs an
+    `auto`-decided run again eager, a trial's candidate fails with the reason)."""
+    import torch._dynamo
+
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return {"recompile_limit": f"{torch._dynamo.config.recompile_limit} per frame, a hit stops the run"}
+
+
+def recompile_limit_hit(exc: BaseException) -> str | None:
+    """The first line of dynamo's recompile-limit failure in an exception's chain, if it is one."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ == "FailOnRecompileLimitHit":
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def dynamo_counters() -> dict:
+    """What dynamo did in this process (its counters): distinct graphs compiled, graph breaks, frames compiled."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:  # nothing was compiled
+        return {"dynamo_graphs": 0, "dynamo_graph_breaks": 0, "dynamo_frames": 0}
+    from torch._dynamo.utils import counters
+
+    return {"dynamo_graphs": int(counters["stats"]["unique_graphs"]),
+            "dynamo_graph_breaks": int(sum(counters["graph_break"].values())),
+            "dynamo_frames": int(counters["frames"]["ok"])}
+
+
+def eager_after(train: dict, broke: str) -> dict:
+    """An `auto`-decided run's settings once its compiled levers hit dynamo's recompile limit in the run (`broke`:
+    the failure): eager, the settings every strategy runs, `compile_auto` saying what failed."""
+    was = lever_set(train, None)[0]
+    out = {k: v for k, v in train.items() if k != "lever_trial"}
+    return {**out, **CANDIDATES["eager"],
+            "compile_auto": f"{train.get('compile_auto')}; {was} hit dynamo's recompile limit in this run ({broke}), "
+                            "eager"}
 
 
 def apply_to_engine(engine, train: dict, strategy) -> dict:

@@ -357,8 +357,12 @@ def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], mem
                               ctx.precision.engine_state_bytes(strategy.family),
                               strategy.offload_optimizer(ctx), strategy.offload_params(ctx)),
         "compile_blocks": run.levers["compile_blocks"], "compile_loss": run.levers["compile_loss"],
-        "compile_model": run.levers["compile_model"], "compile_mode": run.levers["compile_mode"],
+        # whether the whole model was compiled (a bool, every run alike), and what was compiled (text, or None)
+        "compile_model": run.levers["compile_model"] not in (None, False),
+        "compiled_module": run.levers["compile_model"] if isinstance(run.levers["compile_model"], str) else None,
+        "compile_mode": run.levers["compile_mode"],
         "compile_auto": spec["train"].get("compile_auto"),  # why: the rule's reason, a trial's measurement
+        **levers.dynamo_counters(),  # rank 0's: graphs compiled, graph breaks
         "trainable_params": run.trainable,
         **({"val_accuracy_initial": run.accuracy.get("initial"), "val_accuracy_final": run.accuracy.get("final")}
            if run.vision else {}),
@@ -398,6 +402,14 @@ def main(argv=None):
         os._exit(0)
     except torch.OutOfMemoryError as exc:
         write_oom_marker(spec, exc)
+        raise
+    except Exception as exc:
+        hit = levers.recompile_limit_hit(exc)
+        if hit:  # the launcher reads it: an `auto`-decided run goes again eager (job/launch.py)
+            rank = int(os.environ.get("RANK", 0))
+            Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
+            Path(spec["out_dir"], C.RECOMPILE_MARKER.format(rank=rank)).write_text(
+                json.dumps({"rank": rank, "error": hit, **levers.dynamo_counters()}))
         raise
 
 
