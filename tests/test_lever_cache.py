@@ -212,6 +212,20 @@ def test_the_model_without_graphs_runs_only_where_the_graphs_fail(tmp_path, monk
         result = lever_trial.trial(specs, {})
         assert started == launched and result["chosen"] == chosen, graphs_ok
     assert "model_graphs failed" in result["why"]
+    # graphs that hit dynamo's recompile limit: the model without them recompiles the same frames, so it is not run
+    started = []
+
+    def recompiles(spec):
+        name = spec.out_dir.rsplit("/", 1)[1]
+        started.append(name)
+        if name == "model_graphs":
+            return {"status": RunStatus.FAILED, "reason": "hit dynamo's recompile limit (...)", "recompile_limit": True}
+        return {"status": RunStatus.OK, "tokens_per_s": 1000.0}
+
+    monkeypatch.setattr(lever_trial, "run_launcher", recompiles)
+    result = lever_trial.trial(specs, {})
+    assert started == ["model_graphs"] and result["chosen"] == "eager"
+    assert "recompile limit" in result["skipped"]["model"] and result["candidates"][0]["recompile_limit"] is True
 
 
 def test_auto_measures_on_one_gpu_node_and_keeps_the_rule_on_cpu(tmp_path):

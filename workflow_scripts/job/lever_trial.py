@@ -77,12 +77,18 @@ def outcome(code: int, tail: str, summary: Path, what: str) -> dict:
 
 
 def run_launcher(spec: Mapping) -> dict:
-    """One run spec through the pipeline's launcher (job/launch.py); its summary."""
+    """One run spec through the pipeline's launcher (job/launch.py); its summary. A run whose compiled region hit
+    dynamo's recompile limit fails with that as its reason (`recompile_limit`: true)."""
+    from workflow_scripts.job.launch import recompile_limit_hit
+
     path = write_spec(spec)
     code, tail = run_logged([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(path)],
                             path.parent / "launch.log")
     if code == graceful_stop.STOPPED_EXIT:  # the workflow was asked to stop (SIGTERM): no further run starts
         raise SystemExit(code)
+    hit = recompile_limit_hit(Path(spec["out_dir"])) if code != 0 else None
+    if hit:
+        return {"status": RunStatus.FAILED, "reason": f"hit dynamo's recompile limit ({hit})", "recompile_limit": True}
     return outcome(code, tail, Path(spec["out_dir"]) / C.SUMMARY, "launch")
 
 
@@ -142,9 +148,10 @@ def fallbacks(specs: dict) -> dict[str, str]:
 
 def trial(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict:
     """Every candidate's run (specs: name -> run spec), one after another; the verdict and the rows (each at its
-    steady pace: steady_pace). A fallback
-    (levers.FALLBACK: the whole model without CUDA graphs) runs last, and only where the candidate it stands behind
-    did not finish."""
+    steady pace: steady_pace). A fallback (levers.FALLBACK: the whole model without CUDA graphs) runs last, and only
+    where the candidate it stands behind did not finish for another reason than dynamo's recompile limit (the whole
+    model recompiled DeepSpeed's stage-3 backward hook past the limit with and without graphs alike: ZeRO-3 offload
+    and ZeRO-Infinity, gpt2-large, one H200)."""
     rows, skipped = [], dict(skipped)
     behind = fallbacks(specs)
     for name in [n for n in specs if n not in behind] + list(behind):
@@ -153,11 +160,16 @@ def trial(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict:
         if done is not None and done["status"] == RunStatus.OK:
             skipped[name] = f"run only if {done['candidate']} fails"
             continue
+        if done is not None and done.get("recompile_limit"):  # the same frames and guards, without CUDA graphs
+            skipped[name] = (f"{done['candidate']} hit dynamo's recompile limit, and {name} compiles the same frames "
+                             "under the same guards")
+            continue
         print(f"candidate {name}: {json.dumps(levers.CANDIDATES[name], sort_keys=True)}", flush=True)
         started = time.time()
         s = run_launcher(spec)
         rows.append({"candidate": name, **measured(s), **steady_pace(s), "wall_s": round(time.time() - started, 1),
-                     "first_losses": first_losses(Path(spec.out_dir)), "reason": s.get("reason")})
+                     "first_losses": first_losses(Path(spec.out_dir)), "reason": s.get("reason"),
+                     **({"recompile_limit": True} if s.get("recompile_limit") else {})})
     return {**choose(rows, skipped), "candidates": rows, "skipped": skipped}
 
 

@@ -17,16 +17,18 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
 Both default to `auto` (resolve, called when the study resolves a run spec), decided by a rule or by a measurement
 (config `auto_levers.by`, decided_by: its default `auto` measures on a one-node GPU study, keeps the rule on CPU). The
 rule holds where its measurements were made (evidence_family, RULE_MEASURED_ON): on a GPU platform they are on, the
-fast path; off on CPU (compilation costs more than it saves there), for offloading strategies (not measured), where a
-block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is host-bound there), under layout dimensions whose compiled runs were not checked on a GPU yet
-(parallel.Dimension.compiled_on_gpu), and for MoE models (grouped_mm experts). The measurement: before a
-configuration's timed repeats, a few steps of each candidate lever set (CANDIDATES, whole-model compile and CUDA
-graphs among them) on the study's own machine and shape (rule lever_trial, job/lever_trial.py); the launcher
-applies the fastest (apply_trial). A compiled region that hits dynamo's recompile limit stops its run
-(stop_at_recompile_limit): an `auto`-decided run goes again eager (eager_after), a trial's candidate fails. A trial's decision is kept in the machine's cache (machine_cache()/lever_decisions,
-keyed by the device, the software versions and the configuration's shape: job/lever_trial.py), so a second study of
-the same shapes on the same machine and versions decides without a trial; candidates the rule knows cannot win are
-left out (trial_candidates: in the family the rule was measured on), and where one is left nothing is launched: the run falls back by itself if it fails
+fast path; off on CPU (compilation costs more than it saves there), for offloading strategies (not measured), where
+a block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is host-bound there), under layout
+dimensions whose compiled runs were not checked on a GPU yet (parallel.Dimension.compiled_on_gpu), and for MoE
+models (grouped_mm experts). The measurement: before a configuration's timed repeats, a few steps of each candidate
+lever set (CANDIDATES, whole-model compile and CUDA graphs among them) on the study's own machine and shape (rule
+lever_trial, job/lever_trial.py); the launcher applies the fastest (apply_trial). A compiled region that hits
+dynamo's recompile limit stops its run (stop_at_recompile_limit): an `auto`-decided run goes again eager
+(eager_after), a trial's candidate fails. A trial's decision is kept in the machine's cache
+(machine_cache()/lever_decisions, keyed by the device, the software versions, the training code and the
+configuration's shape: job/lever_trial.py), so a second study of the same shapes on the same machine and versions
+decides without a trial; candidates the rule knows cannot win are left out (trial_candidates: in the family the rule
+was measured on), and where one is left nothing is launched: the run falls back by itself if it fails
 (apply_fallback). The trial and the timed runs compile into the same on-disk inductor and Triton caches
 (build_ops.compile_caches, set by the launcher for every rank), so a timed run loads what its trial compiled. Either
 way the run spec records what the run does and why (`compile_auto`).
