@@ -177,3 +177,29 @@ def test_tokens_per_s_of_a_run_not_retimed_must_be_a_number(tmp_path, runs):
         parse.parse([str(d) for d in runs], str(tmp_path / "tables"))
     assert "gpt2-tiny__zero3__ws2__r0" in str(caught.value) and "'tokens_per_s'" in str(caught.value)
     assert "'fast'" in str(caught.value)
+
+
+def test_a_cpu_study_whose_groups_differ_in_levers_parses_into_tables(default_study):
+    """The crash the parse stage had: a study whose rows mix an eager run and a whole-model compiled one (and a
+    `zeropp` row that ends `unsupported` on CPU, without most columns) makes its tables through Snakemake."""
+    import yaml
+    from conftest import reuse_calibration, snakemake
+
+    wd, results = default_study, "results/mixed_levers"
+    reuse_calibration(wd, results)
+    overlay = {"results_dir": results, "strategies": ["ddp"], "world_sizes": [1],
+               "train": {"max_steps": 4, "log_every": 2, "timing_warmup_steps": 1},
+               "groups": [{"models": ["gpt2-tiny"], "strategies": ["ddp", "zeropp"], "world_sizes": [1]},
+                          {"models": ["gpt2-tiny"], "strategies": ["ddp"], "world_sizes": [2],
+                           "train": {"compile_model": True}}]}
+    (wd / "mixed_levers.yaml").write_text(yaml.safe_dump(overlay))
+    snakemake(wd, f"{results}/tables/summary.md", "--configfile", "mixed_levers.yaml")
+    runs = pq.read_table(wd / results / "tables/runs.parquet")
+    assert runs.schema.field("compile_model").type == pa.bool_()
+    assert runs.schema.field("compiled_module").type == pa.string()
+    rows = {(r["strategy"], r["layout"]): r for r in runs.to_pylist()}
+    assert set(rows) == {("ddp", "ws1"), ("zeropp", "ws1"), ("ddp", "ws2")}
+    assert rows[("ddp", "ws1")]["compile_model"] is False and rows[("ddp", "ws1")]["compiled_module"] is None
+    assert rows[("ddp", "ws2")]["compile_model"] is True
+    assert rows[("ddp", "ws2")]["compiled_module"].startswith("torch.compile(")
+    assert rows[("zeropp", "ws1")]["status"] == "unsupported" and rows[("zeropp", "ws1")]["tokens_per_s"] is None
