@@ -152,8 +152,7 @@ def launch(spec: Mapping, nnodes: int = 1, node_rank: int = 0, endpoint: str | N
         if nnodes > 1 or rc == graceful_stop.STOPPED_EXIT or not (rc != 0 or ran_out_of_memory(Path(spec.out_dir))):
             return rc
         hit = recompile_limit_hit(Path(spec.out_dir))
-        if hit and auto and train.get("compile_mode") is not None and any(
-                train.get(k) is True for k in ("compile_blocks", "compile_model", "compile_loss")):
+        if hit and auto and any(train.get(k) is True for k in ("compile_blocks", "compile_model", "compile_loss")):
             train = eager_after(train, hit)
             print(f"launch: {hit}; again eager", flush=True)
             continue
