@@ -233,8 +233,9 @@ def lever_trial_specs(config: dict, model: str, strategy: str, layout: Layout, o
              "layout": one.layout, "nodes": one.nodes, "platform": one.platform, "precision": one.precision,
              "batch": one.batch, "sample": sample, "substitutions": one.substitutions,
              "train": {k: v for k, v in sorted(one.train.items()) if k not in NOT_SHAPE},
-             "candidates": names, "skipped": sorted(skipped)}
-    return {"specs": specs, "skipped": skipped, "shape": shape, "cache": cfg.get("cache", "auto")}
+             "candidates": names, "skipped": sorted(skipped), "min_compiled_share": cfg["min_compiled_share"]}
+    return {"specs": specs, "skipped": skipped, "shape": shape, "cache": cfg.get("cache", "auto"),
+            "min_compiled_share": cfg["min_compiled_share"]}
 
 
 def block_flops(config: dict, model: str, micro_batch: int, layout: dict, seq_len: int | None = None) -> float:

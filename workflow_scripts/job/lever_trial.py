@@ -146,12 +146,23 @@ def fallbacks(specs: dict) -> dict[str, str]:
     return {fb: first for first, fb in levers.FALLBACK.items() if first in specs and fb in specs}
 
 
-def trial(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict:
+def compiled_share(s: dict) -> float | None:
+    """The share of a run's median step that compiled levers act on: its forward and backward medians over its step
+    median (the rest is the optimizer step); None where a median is missing."""
+    parts = [s.get(k) for k in ("forward_median_s", "backward_median_s", "step_time_median_s")]
+    if any(p is None for p in parts) or not parts[2]:
+        return None
+    return (parts[0] + parts[1]) / parts[2]
+
+
+def trial(specs: dict[str, RunSpec], skipped: dict[str, str], min_share: float = 0.0) -> dict:
     """Every candidate's run (specs: name -> run spec), one after another; the verdict and the rows (each at its
     steady pace: steady_pace). A fallback (levers.FALLBACK: the whole model without CUDA graphs) runs last, and only
     where the candidate it stands behind did not finish for another reason than dynamo's recompile limit (the whole
     model recompiled DeepSpeed's stage-3 backward hook past the limit with and without graphs alike: ZeRO-3 offload
-    and ZeRO-Infinity, gpt2-large, one H200)."""
+    and ZeRO-Infinity, gpt2-large, one H200). Once eager has run, where its forward and backward are under
+    `min_share` of its step (compiled_share; config auto_levers.min_compiled_share), the candidates not run yet are
+    left out: a compiled lever saves at most that share."""
     rows, skipped = [], dict(skipped)
     behind = fallbacks(specs)
     for name in [n for n in specs if n not in behind] + list(behind):
@@ -170,6 +181,14 @@ def trial(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict:
         rows.append({"candidate": name, **measured(s), **steady_pace(s), "wall_s": round(time.time() - started, 1),
                      "first_losses": first_losses(Path(spec.out_dir)), "reason": s.get("reason"),
                      **({"recompile_limit": True} if s.get("recompile_limit") else {})})
+        share = compiled_share(s) if name == "eager" and s.get("status") == RunStatus.OK else None
+        if share is not None and share < min_share:
+            ran = {r["candidate"] for r in rows}
+            skipped.update({other: (f"eager's forward and backward are {share:.0%} of its step (the rest the "
+                                    f"optimizer step): a compiled lever saves at most that, under "
+                                    f"auto_levers.min_compiled_share {min_share:.0%}")
+                            for other in specs if other not in ran and other not in skipped})
+            break
     return {**choose(rows, skipped), "candidates": rows, "skipped": skipped}
 
 
@@ -321,7 +340,7 @@ def decide(plan_path: str) -> dict:
     if entry is not None:
         print(f"lever decision cached: {directory / (key + '.json')}; no candidate launched", flush=True)
         return {**replayed(entry, key), "decided_s": round(time.time() - started, 3)}
-    result = trial(specs, skipped)
+    result = trial(specs, skipped, plan["min_compiled_share"])
     if key is not None:
         path = store(directory, key, shape, facts, result)
         result["cache"] = {"key": key, "hit": False, "stored": str(path) if path else None}
