@@ -151,7 +151,7 @@ def launch(spec: Mapping, nnodes: int = 1, node_rank: int = 0, endpoint: str | N
         rc = launch_once(spec.replace(train=train), nnodes, node_rank, endpoint)
         if nnodes > 1 or rc == graceful_stop.STOPPED_EXIT or not (rc != 0 or ran_out_of_memory(Path(spec.out_dir))):
             return rc
-        hit = recompile_limit_hit(Path(spec.out_dir))
+        hit = recompile_marker(Path(spec.out_dir))
         if hit and auto and any(train.get(k) is True for k in ("compile_blocks", "compile_model", "compile_loss")):
             train = eager_after(train, hit)
             print(f"launch: {hit}; again eager", flush=True)
@@ -164,7 +164,7 @@ def launch(spec: Mapping, nnodes: int = 1, node_rank: int = 0, endpoint: str | N
         train, fell_back = behind, True
 
 
-def recompile_limit_hit(out_dir: Path) -> str | None:
+def recompile_marker(out_dir: Path) -> str | None:
     """The recompile-limit failure a rank of the last attempt recorded (training/loop.py), if any."""
     for marker in sorted(out_dir.glob(C.RECOMPILE_MARKER.format(rank="*"))):
         return json.loads(marker.read_text())["error"]

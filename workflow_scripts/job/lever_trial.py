@@ -79,14 +79,14 @@ def outcome(code: int, tail: str, summary: Path, what: str) -> dict:
 def run_launcher(spec: Mapping) -> dict:
     """One run spec through the pipeline's launcher (job/launch.py); its summary. A run whose compiled region hit
     dynamo's recompile limit fails with that as its reason (`recompile_limit`: true)."""
-    from workflow_scripts.job.launch import recompile_limit_hit
+    from workflow_scripts.job.launch import recompile_marker
 
     path = write_spec(spec)
     code, tail = run_logged([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(path)],
                             path.parent / "launch.log")
     if code == graceful_stop.STOPPED_EXIT:  # the workflow was asked to stop (SIGTERM): no further run starts
         raise SystemExit(code)
-    hit = recompile_limit_hit(Path(spec["out_dir"])) if code != 0 else None
+    hit = recompile_marker(Path(spec["out_dir"])) if code != 0 else None
     if hit:
         return {"status": RunStatus.FAILED, "reason": f"hit dynamo's recompile limit ({hit})", "recompile_limit": True}
     return outcome(code, tail, Path(spec["out_dir"]) / C.SUMMARY, "launch")
