@@ -357,3 +357,44 @@ def test_a_step_the_optimizer_fills_leaves_the_compiled_candidates_out(tmp_path,
         assert started == launched, started
         if launched == ["eager"]:
             assert result["chosen"] == "eager" and "7% of its step" in result["skipped"]["blocks"]
+
+
+def test_the_whole_model_is_left_out_where_it_was_measured_to_hit_the_recompile_limit(tmp_path, monkeypatch):
+    """ZeRO-3 and its offloads on gpt2 with torch 2.11 and DeepSpeed 0.19.8 recompiled DeepSpeed's stage-3 hook past
+    dynamo's limit under the whole-model compile (one H200): with those versions the trial launches neither whole-model
+    candidate and says why; with another DeepSpeed they run; a DDP trial never reads the machine for it."""
+    gpu = config(tmp_path, platform="cuda", world_sizes=[1], models=["gpt2-medium"], data={"block_size": 1024},
+                 auto_levers={"cache": "off"})
+    asked, versions = [], {}
+
+    def machine(platform, world_size=1):
+        asked.append(platform)
+        return {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "transformers": "5.0.0", "python": "3.12.3",
+                "accelerator": "cuda 13.0", **versions}
+
+    monkeypatch.setattr(lever_trial, "machine", machine)
+    for strategy, deepspeed, expected in (
+            ("zero3_offload", "0.19.8", ["eager", "loss", "blocks"]),
+            ("zero3", "0.19.8", ["eager", "loss", "blocks"]),
+            ("zero3_offload", "0.20.0", ["eager", "loss", "blocks", "model_graphs"]),
+            ("ddp", "0.19.8", None)):
+        versions["deepspeed"] = deepspeed
+        started = []
+
+        def launch(spec, started=started):
+            started.append(spec.out_dir.rsplit("/", 1)[1])
+            return {"status": RunStatus.OK, "tokens_per_s": 1000.0}
+
+        monkeypatch.setattr(lever_trial, "run_launcher", launch)
+        path = plan_file(gpu, tmp_path, f"{strategy}-{deepspeed}.json", model="gpt2-medium", strategy=strategy,
+                         world=1, overrides={"micro_batch_size": 4})
+        result = lever_trial.decide(path)
+        if expected is None:  # DDP: the rule's own pruning, nothing about the recompile limit
+            assert not any("recompiled" in why for why in result["skipped"].values())
+            continue
+        assert started == expected, (strategy, deepspeed, started)
+        if "model_graphs" not in expected:
+            for name in ("model", "model_graphs"):
+                assert "DeepSpeed's stage-3 backward hook past dynamo's limit" in result["skipped"][name]
+                assert "DeepSpeed 0.19.8" in result["skipped"][name]
+    assert asked == ["cuda", "cuda", "cuda"]  # the versions read for the DeepSpeed stage-3 trials only

@@ -102,7 +102,8 @@ RUN_EXTRA_TYPES = {
     "dynamo_graph_breaks": INT, "dynamo_frames": INT, "resumed_from_step": INT, "checkpoint_fallback": TEXT,
     "oom_ranks": JSON, "oom_allocated_bytes": INT, "oom_reserved_bytes": INT, "sampler_reason": TEXT,
     "sampler_backends": JSON, "sampler_samples": INT, "sampler_hz": FLOAT, "sampler_gaps": JSON,
-    "sampler_peak_process_bytes": JSON, "launch_wall_s": FLOAT, "variant": TEXT,
+    "sampler_peak_process_bytes": JSON, "launch_wall_s": FLOAT, "variant": TEXT, "setup_s": FLOAT,
+    "setup_phases_s": JSON,
 }
 RUN_TABLE_TYPES = RUN_TYPES | RUN_EXTRA_TYPES  # every column of tables/runs.csv and runs.parquet, in order
 

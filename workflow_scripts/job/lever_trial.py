@@ -9,6 +9,8 @@ measured (tokens/s, MFU, peak memory, the first steps' losses) and why the other
 runs read it at launch (levers.apply_trial) and record the choice in `compile_auto`. Compilation happens inside
 the warm-up steps, so it counts for nothing; each candidate's wall time is recorded beside its speed.
 
+The whole-model candidates of a configuration where they were measured not to finish on this machine's torch and
+DeepSpeed versions (levers.whole_model_known_to_fail) are left out before anything launches, the reason recorded.
 Where one candidate is left to run (and the fallback behind it), nothing is launched: the choice is that candidate by
 rule, its fallback named for the run itself (by_rule; job/launch.py falls back once if the choice fails there).
 Where no candidate finishes, the choice is eager (the settings every strategy runs), said so in `why`. A candidate
@@ -192,6 +194,22 @@ def trial(specs: dict[str, RunSpec], skipped: dict[str, str], min_share: float =
     return {**choose(rows, skipped), "candidates": rows, "skipped": skipped}
 
 
+def without_known_failures(specs: dict[str, RunSpec], skipped: dict[str, str],
+                           facts: dict) -> tuple[dict[str, RunSpec], dict[str, str]]:
+    """The candidates left once those measured not to finish on this machine's versions are out
+    (levers.whole_model_known_to_fail: the whole model compiled under DeepSpeed's stage 3), each with its reason."""
+    from workflow_scripts.training.models import MODELS
+
+    whole = [name for name, spec in specs.items() if spec.train.get("compile_model") is True]
+    if not whole:
+        return specs, skipped
+    one = specs[whole[0]]
+    why = levers.whole_model_known_to_fail(one.strategy, one.options, MODELS[one.model].family, one.platform, facts)
+    if why is None:
+        return specs, skipped
+    return ({k: v for k, v in specs.items() if k not in whole}, {**skipped, **{name: why for name in whole}})
+
+
 def by_rule(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict | None:
     """A configuration left with one candidate to run (and the fallback behind it, levers.FALLBACK): nothing to
     compare, so nothing is launched. The choice is that candidate, by rule; its fallback is named for the run to
@@ -325,6 +343,11 @@ def decide(plan_path: str) -> dict:
     started = time.time()
     plan = json.loads(Path(plan_path).read_text())
     specs, skipped = read_trial(plan_path)
+    first = next(iter(specs.values()), None)
+    facts = None
+    if first is not None and first.strategy in levers.WHOLE_MODEL_RECOMPILES["strategies"]:
+        facts = machine(first.platform, first.world_size)
+        specs, skipped = without_known_failures(specs, skipped, facts)
     alone = by_rule(specs, skipped)
     if alone is not None:
         print(f"lever decision: {alone['why']}", flush=True)
@@ -333,8 +356,7 @@ def decide(plan_path: str) -> dict:
     directory = cache_dir(plan.get("cache")) if shape else None
     key = entry = None
     if directory is not None:
-        first = next(iter(specs.values()), None)
-        facts = machine(first.platform if first else shape["platform"], first.world_size if first else 1)
+        facts = facts or machine(first.platform if first else shape["platform"], first.world_size if first else 1)
         key = decision_key(shape, facts, training_code())
         entry = cached(directory, key)
     if entry is not None:

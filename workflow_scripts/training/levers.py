@@ -80,6 +80,34 @@ RULE_MEASURED_ON = ("replicated",)
 RULE_ON_ABOVE_MIN_BLOCK_FLOPS = ("replicated", "sharded")
 
 
+# Where the whole-model compile is known not to finish: dynamo recompiled DeepSpeed's stage-3
+# `_pre_backward_module_hook` (deepspeed/runtime/zero/parameter_offload.py; a guard on its output's type) past its
+# recompile limit of 8, with and without CUDA graphs, under ZeRO-3, ZeRO-3 with CPU offload and ZeRO-Infinity,
+# gpt2-large micro-batch 2 on one H200 (benchmarks/2026-12-03-one-gpu-tutorial-h200.md: 140-175 s a candidate to
+# fail). Held for those strategies and that model family, on GPUs, with the torch and DeepSpeed versions it was
+# measured with (the hook is DeepSpeed's code, the guard torch's); any other version, strategy or family runs the
+# candidates (whole_model_known_to_fail).
+WHOLE_MODEL_RECOMPILES = {"strategies": ("zero3", "zero3_offload", "zero_infinity"), "families": ("gpt2",),
+                          "torch": "2.11.", "deepspeed": "0.19.8"}
+
+
+def whole_model_known_to_fail(strategy: str, options: dict | None, family: str, platform: str,
+                              facts: dict) -> str | None:
+    """Why the whole-model candidates (model, model_graphs) cannot finish for this configuration on this machine
+    (`facts`: job/lever_trial.machine: the torch and DeepSpeed versions), or None where that was not measured
+    (WHOLE_MODEL_RECOMPILES). DeepSpeed's own compiler (strategy option compile.deepcompile) traces another way and
+    is not covered."""
+    rule = WHOLE_MODEL_RECOMPILES
+    if (strategy not in rule["strategies"] or family not in rule["families"] or platform not in GPU_PLATFORMS
+            or ((options or {}).get("compile") or {}).get("deepcompile")
+            or not str(facts.get("torch", "")).startswith(rule["torch"])
+            or str(facts.get("deepspeed")) != rule["deepspeed"]):
+        return None
+    return (f"the whole model compiled recompiled DeepSpeed's stage-3 backward hook past dynamo's limit under "
+            f"{'/'.join(rule['strategies'])} ({family} on one H200, torch {facts['torch']}, DeepSpeed "
+            f"{facts['deepspeed']}: levers.WHOLE_MODEL_RECOMPILES)")
+
+
 def evidence_family(strategy: str, options: dict | None = None) -> str:
     """The family a lever measurement carries over within: `offload` (optimizer states or parameters on the host or
     NVMe: the step waits on the host's Adam and the copies), `sharded` (parameters gathered per module: ZeRO-3,

@@ -38,7 +38,7 @@ from workflow_scripts.measure.memory_peak import MemoryPeak
 from workflow_scripts.measure.profile import StepProfiler
 from workflow_scripts.measure.step_signal import StepPublisher
 from workflow_scripts.run_spec import RunSpec
-from workflow_scripts.training import chunked_loss, determinism, levers, recompute, vision, workflow_watch
+from workflow_scripts.training import IMPORTED, chunked_loss, determinism, levers, recompute, vision, workflow_watch
 from workflow_scripts.training.batches import Batches, evaluate, load_data, make_model
 from workflow_scripts.training.checkpoint import load_checkpoint, resume_hash, save_checkpoint
 from workflow_scripts.training.context import init_distributed
@@ -58,6 +58,24 @@ def lr_at(step: int, t: dict, total_steps: int) -> float:
     span = max(1, total_steps - t["lr_warmup_steps"])
     progress = min(1.0, (step - t["lr_warmup_steps"]) / span)
     return t["min_lr"] + 0.5 * (t["lr"] - t["min_lr"]) * (1 + math.cos(math.pi * progress))
+
+
+class Phases:
+    """Wall seconds between named marks of a rank's run, from the process's start (training.IMPORTED: the first
+    phase, `import`, is the libraries) to the last mark; each mark closes the phase since the one
+    before. Where the time before the first step goes (launch_wall_s less the steps: imports, the process group,
+    the model's build, the engine's, the first validation) and after the last."""
+
+    def __init__(self, seconds: dict | None = None):
+        self.seconds = seconds if seconds is not None else {}
+        self.last = IMPORTED + sum(self.seconds.values())
+        if not self.seconds:
+            self.mark("import")
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        self.seconds[name] = round(now - self.last, 3)
+        self.last = now
 
 
 # ---------------------------------------------------------------- setup
@@ -81,6 +99,8 @@ class Run:
     ckpt_dir: Path
     trainable: int = 0  # parameters that train (all of them, or LoRA's adapters and the head)
     accuracy: dict = field(default_factory=dict)  # image classifiers: top-1 validation accuracy, initial / final
+    # wall seconds of what comes before the first step and after the last, on rank 0 (the summary's setup_phases_s)
+    phases: dict = field(default_factory=dict)
 
     @property
     def vision(self) -> bool:
@@ -99,8 +119,10 @@ def setup(spec: dict) -> Run:
     """Join the process group, build the model (seeded), apply the compile levers, write the exact strategy
     settings (rank 0) and wrap the model in the strategy's engine."""
     t = spec["train"]
+    clock = Phases()
     deterministic = determinism.apply(t)  # before any CUDA work: cuBLAS reads its workspace setting once
     ctx = init_distributed(spec)
+    clock.mark("distributed")
     strategy = get_strategy(spec["strategy"])
     out_dir, ckpt_dir = Path(spec["out_dir"]), Path(spec["work_dir"]) / "ckpt"
     if ctx.rank == 0:
@@ -112,7 +134,9 @@ def setup(spec: dict) -> Run:
 
     data, blocks, val, vocab = load_data(spec)
     seq_len = data["block_size"]
+    clock.mark("data")
     model = make_model(spec, vocab, seq_len)
+    clock.mark("model")
     n_params, trainable = count_params(model), count_trainable(model)
     if MODELS[spec["model"]].vision:  # image rows: pixels and label (training/vision.py)
         ctx.forward_loss = vision.forward_loss
@@ -122,8 +146,10 @@ def setup(spec: dict) -> Run:
         applied.update(chunked_loss.install(model, t["chunked_loss"]))
         ctx.chunked_head, ctx.forward_loss = model.get_output_embeddings(), chunked_loss.forward_loss
     ctx.loss_fn = levers.loss_function(t)
+    clock.mark("levers")
     engine = build_engine(strategy, model, ctx, MODELS[spec["model"]].family)
     applied.update(levers.apply_to_engine(engine, t, strategy))
+    clock.mark("engine")
     if ctx.rank == 0:
         settings = {**strategy.settings(ctx), **engine.settings, "layout": ctx.layout.degrees(), "harness": applied}
         (out_dir / C.SETTINGS).write_text(json.dumps(settings, indent=2, default=str))
@@ -137,7 +163,7 @@ def setup(spec: dict) -> Run:
         total_steps = min(total_steps, t["max_steps"])
     return Run(spec=spec, ctx=ctx, strategy=strategy, engine=engine, batches=batches, val=val, seq_len=seq_len,
                vocab=vocab, tokenizer_vocab=data["vocab_size"], n_params=n_params, total_steps=total_steps,
-               levers=applied, out_dir=out_dir, ckpt_dir=ckpt_dir, trainable=trainable)
+               levers=applied, out_dir=out_dir, ckpt_dir=ckpt_dir, trainable=trainable, phases=clock.seconds)
 
 
 # ---------------------------------------------------------------- step rows
@@ -210,8 +236,10 @@ class StepLog:
 def train(spec: dict) -> dict | None:
     run = setup(spec)
     ctx, engine, t = run.ctx, run.engine, run.t
+    clock = Phases(run.phases)
     config_hash = resume_hash(spec)
     state, fallback = load_checkpoint(engine, run.ckpt_dir, config_hash, ctx.rank)
+    clock.mark("checkpoint_load")
     state = state or {"step": 0, "rows": [], "val_loss_initial": None}
     resumed_from = state["step"] if state["step"] else None
     val_initial = state["val_loss_initial"]
@@ -221,6 +249,7 @@ def train(spec: dict) -> dict | None:
         initial = state.get("val_accuracy_initial")
         run.accuracy["initial"] = initial if initial is not None else vision.accuracy(engine, run.val, ctx,
                                                                                       run.eval_samples)
+    clock.mark("evaluate_initial")
 
     profiler = StepProfiler(spec, ctx, state["step"], run.total_steps)
     log = StepLog(run, state["rows"], state["step"], profiler.profiled)
@@ -231,6 +260,7 @@ def train(spec: dict) -> dict | None:
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
         memory_peak.start()
+    clock.mark("before_steps")
 
     def checkpoint(done: int) -> None:
         log.flush()
@@ -264,11 +294,13 @@ def train(spec: dict) -> dict | None:
                     checkpoint(done)
                 stop.leave(run.out_dir, done, ctx.rank)
     log.flush()
+    clock.mark("steps")
     publisher.publish(run.total_steps + 1)
     val_final = evaluate(engine, run.val, ctx, run.eval_samples)
     if run.vision:
         run.accuracy["final"] = vision.accuracy(engine, run.val, ctx, run.eval_samples)
     log.close(val_final)
+    clock.mark("evaluate_final")
     return finish(run, log.rows, (val_initial, val_final), resumed_from, fallback)
 
 
@@ -362,6 +394,10 @@ def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], mem
         "compiled_module": run.levers["compile_model"] if isinstance(run.levers["compile_model"], str) else None,
         "compile_mode": run.levers["compile_mode"],
         "compile_auto": spec["train"].get("compile_auto"),  # why: the rule's reason, a trial's measurement
+        # the wall seconds from the rank's start to its first step, and each phase of the run beside the steps
+        "setup_s": round(sum(run.phases[k] for k in list(run.phases)[:list(run.phases).index("steps")]), 3)
+        if "steps" in run.phases else None,
+        "setup_phases_s": dict(run.phases),
         **levers.dynamo_counters(),  # rank 0's: graphs compiled, graph breaks
         "trainable_params": run.trainable,
         **({"val_accuracy_initial": run.accuracy.get("initial"), "val_accuracy_final": run.accuracy.get("final")}
