@@ -398,3 +398,27 @@ def test_the_whole_model_is_left_out_where_it_was_measured_to_hit_the_recompile_
                 assert "DeepSpeed's stage-3 backward hook past dynamo's limit" in result["skipped"][name]
                 assert "DeepSpeed 0.19.8" in result["skipped"][name]
     assert asked == ["cuda", "cuda", "cuda"]  # the versions read for the DeepSpeed stage-3 trials only
+
+
+def test_eager_runs_first_whatever_the_trial_files_key_order(tmp_path, monkeypatch):
+    """The rule writes the trial file with sorted keys (blocks before eager); ZeRO-Infinity's trial on one H200 then
+    ran compiled blocks for 187 s before eager showed its forward and backward at 7 % of the step. Read through the
+    file, eager runs first and the share bound leaves every other candidate out."""
+    gpu = config(tmp_path, platform="cuda", world_sizes=[1], models=["gpt2-medium"], data={"block_size": 1024},
+                 auto_levers={"cache": "off"})
+    monkeypatch.setattr(lever_trial, "machine", lambda platform, world_size=1: {"torch": "2.13.0", "deepspeed": "0"})
+    plan = study.lever_trial_specs(gpu, "gpt2-medium", "zero_infinity", Layout.data_parallel(1),
+                                   {"micro_batch_size": 4}, [])
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**plan, "specs": {k: s.to_dict() for k, s in plan["specs"].items()}}, sort_keys=True))
+    assert next(iter(json.loads(path.read_text())["specs"])) == "blocks"  # as the rule writes it
+    started = []
+
+    def launch(spec):
+        started.append(spec.out_dir.rsplit("/", 1)[1])
+        return {"status": RunStatus.OK, "tokens_per_s": 135.0, "forward_median_s": 0.354,
+                "backward_median_s": 0.737, "step_time_median_s": 15.117}
+
+    monkeypatch.setattr(lever_trial, "run_launcher", launch)
+    result = lever_trial.decide(str(path))
+    assert started == ["eager"] and result["chosen"] == "eager"

@@ -229,9 +229,13 @@ def by_rule(specs: dict[str, RunSpec], skipped: dict[str, str]) -> dict | None:
 
 
 def read_trial(path: str) -> tuple[dict[str, RunSpec], dict[str, str]]:
-    """A trial file: {"specs": {candidate: run spec}, "skipped": {candidate: why}}, each spec's version checked."""
+    """A trial file: {"specs": {candidate: run spec}, "skipped": {candidate: why}}, each spec's version checked;
+    the candidates in levers.CANDIDATES' order, eager first, whatever the file's key order (the rule writes it with
+    sorted keys): eager's step says what a compiled lever can save (auto_levers.min_compiled_share)."""
     plan = json.loads(Path(path).read_text())
-    specs = {name: RunSpec.from_dict(d, f"{path}: specs.{name}") for name, d in plan["specs"].items()}
+    order = list(levers.CANDIDATES)
+    specs = {name: RunSpec.from_dict(plan["specs"][name], f"{path}: specs.{name}")
+             for name in sorted(plan["specs"], key=order.index)}
     return specs, plan["skipped"]
 
 
