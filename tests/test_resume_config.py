@@ -119,3 +119,52 @@ def test_checkpoints_on_disk_checksums_two_kept_and_fallback(tmp_path):
     chosen = ck.choose_checkpoint(ckpt, "h")
     assert chosen["path"] is None and chosen["fallback"] is None and "not resuming step_00000004" in chosen["log"]
     assert (tmp_path / "ckpt.superseded-other/step_00000004").is_dir()
+
+
+def test_a_full_disk_at_a_checkpoint_is_named_and_the_rerun_resumes(token_data, tmp_path):
+    """The checkpoint after step 8 fails as a full disk's write on rank 0 (errno 28): the job's one line is rank 0's
+    error naming the space, the path and the checkpoint kept, not rank 1's broken connection; the partial checkpoint
+    is gone, and the rerun resumes from the step-4 checkpoint."""
+    path = run_spec(token_data, tmp_path, "full", "w_full", fault_injection={"no_space_at_checkpoint_step": 8})
+    log = tmp_path / "full.log"
+    done = subprocess.run([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(path), "--log", str(log)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    shown = done.stdout + done.stderr  # what Snakemake shows: the job's own lines
+    assert done.returncode != 0, shown
+    assert "rank 0 (the first to fail): NoSpaceError: [Errno 28] no space left for the checkpoint at step 8" in shown
+    assert "step_00000008.tmp" in shown and "MiB free on its filesystem" in shown, shown
+    assert "step_00000004 is intact" in shown and "Connection closed" not in shown, shown
+    ckpt = tmp_path / "w_full/ckpt"
+    assert not (ckpt / "step_00000008.tmp").exists() and (ckpt / "latest").read_text() == "step_00000004"
+    rc, out = launch(run_spec(token_data, tmp_path, "full", "w_full"))
+    assert rc == 0 and "resume: resuming from step_00000004" in out, out
+    assert summary_and_losses(tmp_path, "full")[0]["resumed_from_step"] == 4
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 14 MiB tmpfs (root may mount one here; elsewhere the test is skipped): room for one checkpoint of the
+    two-rank ZeRO-2 run below (about 9 MiB), not for two."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=14m", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_really_full_filesystem_at_a_checkpoint_is_named(token_data, tmp_path, small_filesystem):
+    """work_dir on a filesystem with room for the step-4 checkpoint only: the step-8 write fails in the library
+    (torch.save's own error, or errno 28), and the job's one line says no space, the path and what is free."""
+    path = run_spec(token_data, tmp_path, "small", "unused")
+    s = json.loads(path.read_text())
+    s["work_dir"] = str(small_filesystem / "work")
+    path.write_text(json.dumps(s))
+    done = subprocess.run([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(path), "--log",
+                           str(tmp_path / "small.log")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    shown = done.stdout + done.stderr
+    assert done.returncode != 0, shown
+    assert "NoSpaceError: [Errno 28] no space left for the checkpoint at step 8" in shown, shown
+    assert "step_00000004 is intact" in shown, shown
+    assert not (small_filesystem / "work/ckpt/step_00000008.tmp").exists()

@@ -36,6 +36,7 @@ PROVENANCE = "provenance.json"
 RUN_SPEC = "run_spec.json"
 OOM_MARKER = "oom_rank{rank}.json"
 RECOMPILE_MARKER = "recompile_limit_rank{rank}.json"  # a rank whose compiled region hit dynamo's recompile limit
+ERROR_MARKER = "error_rank{rank}.json"  # a rank's failure and when: the launcher names the first (the root cause)
 # run spec keys that never change a number (where files go, how the run is observed, the data's paths: the data
 # itself counts by its manifest): which checkpoint a run may resume (training/checkpoint.resume_hash) and what a
 # verification rerun compares (replay.settings)

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+ROOT_CAUSE = "root cause error: "  # job/launch.py prints it before the failed run's last line
+
 
 def redirect(log: str | None) -> TextIO:
     """Send this process's stdout and stderr (and its children's) into `log`; the stream the caller's stderr was,
@@ -27,9 +29,13 @@ def redirect(log: str | None) -> TextIO:
 
 
 def error_line(text: str) -> str:
-    """The error a run's output ends with: the last line naming an error (a rank's own, above torchrun's
-    ChildFailedError tail), else its last line."""
+    """The error a run's output ends with: the root cause the launcher named (the first rank's failure:
+    job/launch.py root_cause), else the last line naming an error (a rank's own, above torchrun's ChildFailedError
+    tail), else its last line."""
     lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln.strip()) for ln in text.strip().splitlines() if ln.strip()]
+    root = [ln.split(ROOT_CAUSE, 1)[1] for ln in lines if ROOT_CAUSE in ln]
+    if root:
+        return root[-1][:800]
     errors = [ln for ln in lines if ("Error" in ln or "error:" in ln) and "ChildFailedError" not in ln]
     return (errors or lines or [""])[-1][:300]
 

@@ -171,6 +171,21 @@ def recompile_marker(out_dir: Path) -> str | None:
     return None
 
 
+def root_cause(out_dir: Path) -> str | None:
+    """The failure of the rank that failed first (the ranks' C.ERROR_MARKER files), `rank R: <error>`; None where
+    no rank recorded one (killed, or failed before its spec was read)."""
+    found = []
+    for marker in out_dir.glob(C.ERROR_MARKER.format(rank="*")):
+        try:
+            found.append(json.loads(marker.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return None
+    first = min(found, key=lambda m: m["time"])
+    return f"rank {first['rank']} (the first to fail): {first['error']}"
+
+
 def ran_out_of_memory(out_dir: Path) -> bool:
     """Whether the run's row is an out-of-memory one measured while training (not a prediction before it)."""
     path = out_dir / C.SUMMARY
@@ -207,7 +222,7 @@ def launch_once(spec: RunSpec, nnodes: int = 1, node_rank: int = 0, endpoint: st
         return 0
 
     for marker in [*out_dir.glob(C.OOM_MARKER.format(rank="*")), *out_dir.glob(C.RECOMPILE_MARKER.format(rank="*")),
-                   out_dir / graceful_stop.STOPPED_MARKER]:
+                   *out_dir.glob(C.ERROR_MARKER.format(rank="*")), out_dir / graceful_stop.STOPPED_MARKER]:
         marker.unlink(missing_ok=True)
     cmd = torchrun_command(spec, spec_path, nnodes, node_rank, endpoint)
     print("launch:", " ".join(cmd), flush=True)
@@ -315,7 +330,8 @@ def write_result(spec: RunSpec, ctx, rc: int, sampled: dict | None, started: flo
     out_dir = Path(spec.out_dir)
     ooms = sorted(out_dir.glob("oom_rank*.json"))
     if rc != 0 and not ooms:
-        print(f"training failed with exit code {rc}", flush=True)
+        first = root_cause(out_dir)
+        print(f"training failed with exit code {rc}" + (f"; {job_log.ROOT_CAUSE}{first}" if first else ""), flush=True)
         return rc
     train_summary = json.loads((out_dir / C.TRAIN_SUMMARY).read_text()) if not ooms else {}
     measured = train_summary.pop(provenance.TORCH_FACTS, None)

@@ -143,9 +143,12 @@ def host_rows(work_dir: Path, rounds: int) -> list[dict]:
                "pure-Python integer loop, fastest round"),
            row("host_memcpy", host_memcpy_gbs(rounds), "GB/s", "numpy copy, 64 MiB"),
            row("cpu_adam", 1000 * timed(adam_step, rounds), "ms", "torch AdamW(foreach) step, 10 M fp32 parameters")]
-    out.append(row("disk_write", src.nbytes / timed(write, rounds) / GB, "GB/s", f"64 MiB + fsync in {work_dir}"))
-    out.append(row("disk_read", src.nbytes / timed(read, rounds) / GB, "GB/s", "64 MiB, page cache may serve it"))
-    path.unlink()
+    try:  # the scratch file goes whatever happens: a failed write on a full disk must not keep it full
+        out.append(row("disk_write", src.nbytes / timed(write, rounds) / GB, "GB/s",
+                       f"64 MiB + fsync in {work_dir}"))
+        out.append(row("disk_read", src.nbytes / timed(read, rounds) / GB, "GB/s", "64 MiB, page cache may serve it"))
+    finally:
+        path.unlink(missing_ok=True)
     return out
 
 

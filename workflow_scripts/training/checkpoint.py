@@ -24,6 +24,7 @@ Rank 0 checks the files and decides which checkpoint to load; the other ranks re
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -38,6 +39,7 @@ import torch.distributed as dist
 
 from workflow_scripts import columns as C
 from workflow_scripts.data import checksum
+from workflow_scripts.units import MIB
 
 STATE, MANIFEST, KEPT = "state.json", "checksums.json", 2
 COMPLETE_NAME = re.compile(r"step_\d{8}")
@@ -129,19 +131,64 @@ def publish(tmp: Path, final: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def save_checkpoint(engine, ckpt_dir: Path, step: int, state: dict, rank: int) -> None:
+class NoSpaceError(OSError):
+    """A checkpoint that did not fit on its filesystem: the path, the bytes free and the bytes it needs."""
+
+
+def save_checkpoint(engine, ckpt_dir: Path, step: int, state: dict, rank: int, inject_no_space: bool = False) -> None:
+    """Every rank writes its part into step_<N>.tmp, rank 0 publishes it. A rank whose write fails on a full
+    filesystem (errno 28, or a library's write error with less free than the checkpoint needs) removes the partial
+    checkpoint and raises NoSpaceError (no_space); the complete checkpoints before it stay as they were.
+    `inject_no_space` (train.fault_injection.no_space_at_checkpoint_step, rank 0): the write fails as a full disk's."""
     final = ckpt_dir / step_name(step)
     tmp = final.with_name(f"{final.name}.tmp")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    engine.save(str(tmp))
+    try:
+        if inject_no_space:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+        engine.save(str(tmp))
+        if rank == 0:
+            (tmp / STATE).write_text(json.dumps(state))
+    except Exception as exc:
+        problem = no_space(exc, ckpt_dir, tmp, step)
+        if problem is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # what was written of it goes: the disk is not left full
+        raise problem from exc
     dist.barrier()
     if rank == 0:
-        (tmp / STATE).write_text(json.dumps(state))
         publish(tmp, final)
     dist.barrier()
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def no_space(exc: BaseException, ckpt_dir: Path, tmp: Path, step: int) -> NoSpaceError | None:
+    """The full-disk error a failed checkpoint write is, or None where it is another failure: errno 28 in the
+    exception's chain, or (a library's own write error, e.g. torch.save's "file write failed") less free space on
+    the filesystem than the newest complete checkpoint took."""
+    chain, seen = [], exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    enospc = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain)
+    previous = complete_checkpoints(ckpt_dir)
+    needed = tree_bytes(previous[0]) if previous else None
+    free = shutil.disk_usage(ckpt_dir).free
+    if not enospc and (needed is None or free >= needed):
+        return None
+    written = tree_bytes(tmp) if tmp.exists() else 0
+    size = (f"it needs about {needed / MIB:,.1f} MiB (the size of {previous[0].name})" if needed is not None
+            else f"it needs more than the {written / MIB:,.1f} MiB written before the failure")
+    kept = (f"the previous checkpoint {previous[0].name} is intact: free space and rerun, the run resumes from it"
+            if previous else "no earlier checkpoint: a rerun starts at step 0")
+    return NoSpaceError(errno.ENOSPC, f"no space left for the checkpoint at step {step} in {tmp}: {free / MIB:,.1f} "
+                                      f"MiB free on its filesystem, {size}; {kept}")
 
 
 # ---------------------------------------------------------------- loading

@@ -268,7 +268,7 @@ def train(spec: dict) -> dict | None:
                         {"step": done, "rows": log.rows, "val_loss_initial": val_initial,
                          "val_accuracy_initial": run.accuracy.get("initial"), "config_hash": config_hash,
                          "checkpoint_fallback": fallback},
-                        ctx.rank)
+                        ctx.rank, inject_no_space=ctx.rank == 0 and faults.get("no_space_at_checkpoint_step") == done)
         log.untimed_gap()
 
     with profiler:
@@ -440,6 +440,7 @@ def main(argv=None):
         write_oom_marker(spec, exc)
         raise
     except Exception as exc:
+        write_error_marker(spec, exc)
         hit = levers.recompile_limit_hit(exc)
         if hit:  # the launcher reads it: an `auto`-decided run goes again eager (job/launch.py)
             rank = int(os.environ.get("RANK", 0))
@@ -447,6 +448,18 @@ def main(argv=None):
             Path(spec["out_dir"], C.RECOMPILE_MARKER.format(rank=rank)).write_text(
                 json.dumps({"rank": rank, "error": hit, **levers.dynamo_counters()}))
         raise
+
+
+def write_error_marker(spec: dict, exc: BaseException) -> None:
+    """This rank's failure and when it happened (C.ERROR_MARKER): the launcher names the first rank's as the root
+    cause (the others' are mostly their peers' broken connections)."""
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
+        Path(spec["out_dir"], C.ERROR_MARKER.format(rank=rank)).write_text(
+            json.dumps({"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}"[:600]}))
+    except OSError:  # a full disk may refuse this too: the rank's traceback stays in the log
+        pass
 
 
 def write_oom_marker(spec: dict, exc: BaseException) -> None:
