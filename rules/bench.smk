@@ -27,7 +27,7 @@ rule bench_part:
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.bench.harness --config-json {params.cfg:q} --part {params.part} "
-        "--out-dir {params.out} > {log} 2>&1"
+        "--out-dir {params.out:q} > {log:q} 2>&1"
 
 
 rule bench_levers:
@@ -68,4 +68,4 @@ rule bench_sampler:
         cfg=json.dumps(bench_config("sampler"), sort_keys=True, default=str),
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
-        "python3 -m workflow_scripts.bench.sampler --config-json {params.cfg:q} --out-dir {params.out} > {log} 2>&1"
+        "python3 -m workflow_scripts.bench.sampler --config-json {params.cfg:q} --out-dir {params.out:q} > {log:q} 2>&1"

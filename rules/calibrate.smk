@@ -30,8 +30,8 @@ rule calibrate:
         work=f"{W}/calibration",
     shell:
         "python3 -m workflow_scripts.measure.calibrate --platform {params.platform} "
-        "--world-sizes {params.sizes:q} --work-dir {params.work} --out {output.json} --md {output.md} "
-        "> {log} 2>&1"
+        "--world-sizes {params.sizes:q} --work-dir {params.work:q} --out {output.json:q} --md {output.md:q} "
+        "> {log:q} 2>&1"
 
 
 rule calibration_figure:
@@ -52,5 +52,5 @@ rule calibration_figure:
     params:
         style=json.dumps(config["figures"], sort_keys=True),
     shell:
-        "python3 -m workflow_scripts.report.calibration --calibration {input.json} --style {params.style:q} "
-        "--figure {output.png} > {log} 2>&1"
+        "python3 -m workflow_scripts.report.calibration --calibration {input.json:q} --style {params.style:q} "
+        "--figure {output.png:q} > {log:q} 2>&1"

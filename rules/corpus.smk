@@ -10,5 +10,5 @@ rule corpus:
     params:
         corpus=json.dumps(config["corpus"], sort_keys=True),
     shell:
-        "python3 -m workflow_scripts.data.corpus --params {params.corpus:q} --jsonl {output.jsonl} "
-        "--manifest {output.manifest} > {log} 2>&1"
+        "python3 -m workflow_scripts.data.corpus --params {params.corpus:q} --jsonl {output.jsonl:q} "
+        "--manifest {output.manifest:q} > {log:q} 2>&1"

@@ -13,4 +13,4 @@ rule data_manifests:
     params:
         into=lambda w, output: os.path.dirname(output[0]),
     shell:
-        "cp -v {input} {params.into}/ > {log} 2>&1"
+        "cp -v {input:q} {params.into:q}/ > {log:q} 2>&1"

@@ -9,4 +9,4 @@ rule doctor:
     params:
         cfg=json.dumps(config, sort_keys=True, default=str),
     shell:
-        "python3 -m workflow_scripts.doctor --config-json {params.cfg:q} --out {output} > {log} 2>&1"
+        "python3 -m workflow_scripts.doctor --config-json {params.cfg:q} --out {output:q} > {log:q} 2>&1"

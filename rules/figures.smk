@@ -34,8 +34,8 @@ rule summary_table:
         style=json.dumps(config["tables"], sort_keys=True),
         loss_tolerance=config["verify"]["tolerances"]["loss_abs"],  # the zero0 = ddp check
     shell:
-        "python3 -m workflow_scripts.report.tables --runs {input.runs} --style {params.style:q} "
-        "--loss-tolerance {params.loss_tolerance} --out-dir $(dirname {output.md}) > {log} 2>&1"
+        "python3 -m workflow_scripts.report.tables --runs {input.runs:q} --style {params.style:q} "
+        '--loss-tolerance {params.loss_tolerance} --out-dir "$(dirname {output.md:q})" > {log:q} 2>&1'
 
 
 rule figures:
@@ -68,8 +68,8 @@ rule figures:
         style=json.dumps(config["figures"], sort_keys=True),
         names=",".join(FIGURES),
     shell:
-        "python3 -m workflow_scripts.report.figures --runs {input.runs} --steps {input.steps} --vram {input.vram} "
-        "--names {params.names} --style {params.style:q} --out-dir $(dirname {output.png[0]}) > {log} 2>&1"
+        "python3 -m workflow_scripts.report.figures --runs {input.runs:q} --steps {input.steps:q} --vram {input.vram:q} "
+        '--names {params.names} --style {params.style:q} --out-dir "$(dirname {output.png[0]:q})" > {log:q} 2>&1'
 
 
 rule findings:
@@ -91,7 +91,7 @@ rule findings:
         IMAGE
     params:
         study=config["study"],
-        verify=lambda w, input: f"--verify {input.verify[0]}" if input.verify else "",
+        verify=lambda w, input: ["--verify", input.verify[0]] if input.verify else [],
     shell:
-        "python3 -m workflow_scripts.report.findings --runs {input.runs} {params.verify} --study {params.study:q} "
-        "--levers {input.levers} --md {output.md} --rst {output.rst} > {log} 2>&1"
+        "python3 -m workflow_scripts.report.findings --runs {input.runs:q} {params.verify:q} --study {params.study:q} "
+        "--levers {input.levers:q} --md {output.md:q} --rst {output.rst:q} > {log:q} 2>&1"

@@ -14,4 +14,4 @@ rule images:
         val_fraction=config["data"]["val_fraction"],
     shell:
         "python3 -m workflow_scripts.data.images --params {params.images:q} --val-fraction {params.val_fraction} "
-        "--train {output.train} --val {output.val} --manifest {output.manifest} > {log} 2>&1"
+        "--train {output.train:q} --val {output.val:q} --manifest {output.manifest:q} > {log:q} 2>&1"

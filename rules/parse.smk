@@ -30,5 +30,5 @@ rule parse:
     params:
         runs=run_dirs(),
     shell:
-        "python3 -m workflow_scripts.report.parse --runs {params.runs} --out-dir $(dirname {output.runs}) "
-        "--calibration {input.calibration} > {log} 2>&1"
+        'python3 -m workflow_scripts.report.parse --runs {params.runs:q} --out-dir "$(dirname {output.runs:q})" '
+        "--calibration {input.calibration:q} > {log:q} 2>&1"

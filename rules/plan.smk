@@ -18,7 +18,7 @@ rule plan:
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.plan.planner --config-json {params.config:q} --out-dir {params.out:q} "
-        "> {log} 2>&1 && cat {output.md:q}"
+        "> {log:q} 2>&1 && cat {output.md:q}"
 
 
 rule scale:
@@ -43,4 +43,4 @@ rule scale:
     shell:
         "(python3 -m workflow_scripts.plan.scale --config-json {params.config:q} --out-dir {params.out:q} && "
         "python3 -m workflow_scripts.report.scale_figure --csv {output.csv:q} --config-json {params.config:q}) "
-        "> {log} 2>&1"
+        "> {log:q} 2>&1"

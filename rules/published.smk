@@ -65,7 +65,7 @@ rule claims:
         published=json.dumps(config["published"], sort_keys=True),
         style=json.dumps(config["figures"], sort_keys=True),
     shell:
-        "python3 -m workflow_scripts.report.claims --fair {input.fair} --as-published {input.as_published} "
-        "--published {params.published:q} --style {params.style:q} --out-csv {output.csv} --out-md {output.md} "
-        "--out-headlines {output.headlines} "
-        "--figure {output.png} > {log} 2>&1"
+        "python3 -m workflow_scripts.report.claims --fair {input.fair:q} --as-published {input.as_published:q} "
+        "--published {params.published:q} --style {params.style:q} --out-csv {output.csv:q} --out-md {output.md:q} "
+        "--out-headlines {output.headlines:q} "
+        "--figure {output.png:q} > {log:q} 2>&1"

@@ -16,6 +16,6 @@ rule tokenize:
         block_size=config["data"]["block_size"],
         val_fraction=config["data"]["val_fraction"],
     shell:
-        "python3 -m workflow_scripts.data.tokenize --corpus {input.corpus} --tokenizer {input.tokenizer} "
+        "python3 -m workflow_scripts.data.tokenize --corpus {input.corpus:q} --tokenizer {input.tokenizer:q} "
         "--block-size {params.block_size} --val-fraction {params.val_fraction} --threads {threads} "
-        "--train {output.train} --val {output.val} --manifest {output.manifest} > {log} 2>&1"
+        "--train {output.train:q} --val {output.val:q} --manifest {output.manifest:q} > {log:q} 2>&1"

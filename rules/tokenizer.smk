@@ -11,5 +11,5 @@ rule tokenizer:
     params:
         tokenizer=json.dumps(config["tokenizer"], sort_keys=True),
     shell:
-        "python3 -m workflow_scripts.data.tokenizer --params {params.tokenizer:q} --corpus {input.corpus} "
-        "--out {output} > {log} 2>&1"
+        "python3 -m workflow_scripts.data.tokenizer --params {params.tokenizer:q} --corpus {input.corpus:q} "
+        "--out {output:q} > {log:q} 2>&1"

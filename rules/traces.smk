@@ -15,8 +15,8 @@ rule analyse_traces:
     params:
         top=config["profile"]["top_kernels"],
     shell:
-        "python3 -m workflow_scripts.report.traces analyse --traces {input.traces} --top {params.top} "
-        "--out-dir $(dirname {output.analysis}) > {log} 2>&1"
+        "python3 -m workflow_scripts.report.traces analyse --traces {input.traces:q} --top {params.top} "
+        '--out-dir "$(dirname {output.analysis:q})" > {log:q} 2>&1'
 
 
 rule trace_report:
@@ -40,5 +40,5 @@ rule trace_report:
     params:
         style=json.dumps(config["figures"], sort_keys=True),
     shell:
-        "python3 -m workflow_scripts.report.traces report --analyses {input.analyses} --table {output.table} "
-        "--figure {output.png} --style {params.style:q} > {log} 2>&1"
+        "python3 -m workflow_scripts.report.traces report --analyses {input.analyses:q} --table {output.table:q} "
+        "--figure {output.png:q} --style {params.style:q} > {log:q} 2>&1"

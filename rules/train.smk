@@ -13,7 +13,7 @@ rule build_op:
         platform=PLATFORM,
     shell:
         "python3 -m workflow_scripts.training.build_ops "
-        "--op {wildcards.op} --platform {params.platform} --out {output} > {log} 2>&1"
+        "--op {wildcards.op} --platform {params.platform} --out {output:q} > {log:q} 2>&1"
 
 
 # Measured `auto` levers (config auto_levers.by; its default measures on one GPU node): one trial per configuration
@@ -38,7 +38,7 @@ rule lever_trial:
     params:
         plan=lever_trial_plan,
     shell:
-        "python3 -m workflow_scripts.job.lever_trial --trial {params.plan:q} --out {output} --log {log}"
+        "python3 -m workflow_scripts.job.lever_trial --trial {params.plan:q} --out {output:q} --log {log:q}"
 
 
 rule train:
@@ -74,4 +74,4 @@ rule train:
             else ""
         ),
     shell:
-        "{params.launcher}python3 -m workflow_scripts.job.launch --spec {params.spec:q} --log {log}"
+        "{params.launcher}python3 -m workflow_scripts.job.launch --spec {params.spec:q} --log {log:q}"

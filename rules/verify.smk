@@ -27,7 +27,7 @@ rule compare_with_committed:
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.report.verify --rerun {params.rerun:q} --against {params.against:q} "
-        "--tolerances {params.tolerances:q} --across-kinds {params.across} --out-dir {params.out:q} > {log} 2>&1"
+        "--tolerances {params.tolerances:q} --across-kinds {params.across} --out-dir {params.out:q} > {log:q} 2>&1"
 
 
 rule verify:
@@ -40,5 +40,5 @@ rule verify:
     container:
         IMAGE
     shell:  # bash's pipefail ends the job with verify's exit status: `passed` only when every run passed
-        "python3 -m workflow_scripts.report.verify --check {input} 2>&1 | tee {log}; "
-        "date -u +%FT%TZ > {output}"
+        "python3 -m workflow_scripts.report.verify --check {input:q} 2>&1 | tee {log:q}; "
+        "date -u +%FT%TZ > {output:q}"
