@@ -8,9 +8,11 @@ Where the signal goes, top to bottom (Linux):
               ancestry (the job's shell may die of the same signal); torchrun dies with the launcher
               (`workflow_watch.pdeathsig`), so a SIGKILL still leaves nothing behind.
   torchrun    passes SIGTERM to every rank and waits 30 s before SIGKILL (torch.distributed.elastic).
-  each rank   `RankStop`: the handler only sets a flag; at each step boundary the ranks agree on it (a one-integer
-              all-reduce over a gloo group: host memory, no device synchronisation), save a checkpoint at that step
-              and leave with STOPPED_EXIT after rank 0 wrote `stopped.json`.
+  each rank   `RankStop`: the handler only sets a flag; at each step boundary the ranks read the vote started at
+              the boundary before (a one-integer all-reduce over a gloo group, run by gloo's own thread during the
+              step: host memory, no device synchronisation, no wait in the step loop) and start the next; where
+              it says stop, they save a checkpoint at that step and leave with STOPPED_EXIT after rank 0 wrote
+              `stopped.json`. A run of one rank reads its flag alone.
 The job then fails (exit STOPPED_EXIT) with one line saying at which step it stopped: Snakemake marks its outputs
 incomplete and `snakemake --rerun-incomplete` resumes from that checkpoint (training/checkpoint.py).
 
@@ -105,6 +107,7 @@ class RankStop:
 
         self.flag = False
         self.group = None
+        self.pending = None  # the vote started at the last boundary: (its work handle, its tensor)
         if world_size > 1:  # NCCL would synchronise the device for one integer: agree over gloo, on the host
             self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         signal.signal(signal.SIGTERM, self._on_term)
@@ -113,13 +116,26 @@ class RankStop:
         self.flag = True
 
     def agreed(self) -> bool:
+        """Whether every rank stops here: the vote started at the previous boundary (a signal is acted on one step
+        after the boundary it reached a rank by; every rank calls this at the same boundaries, so the votes pair up),
+        and this boundary's vote started for the next."""
         if self.group is None:
             return self.flag
         import torch
         import torch.distributed as dist
 
+        stop = self.finish()
         votes = torch.tensor([int(self.flag)], dtype=torch.int32)
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group)
+        self.pending = (dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.group, async_op=True), votes)
+        return stop
+
+    def finish(self) -> bool:
+        """The vote in flight, waited for (done long since at a step boundary); False where none is."""
+        if self.pending is None:
+            return False
+        work, votes = self.pending
+        self.pending = None
+        work.wait()
         return bool(votes.item())
 
     @staticmethod

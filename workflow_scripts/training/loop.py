@@ -8,7 +8,8 @@ forward, backward and update; training.strategies.engine.Engine.train_step). Ran
 writes `metrics.csv` (one row per optimizer step), `train_summary.json` and `strategy_settings.json` into the run's
 output directory. Log lines look like `step 10: loss 3.2100, lr 3.0e-04, step 105.2ms, 12345 tok/s`.
 
-Timing: no host synchronisation inside the step loop. On GPU each phase is bracketed by CUDA events, read with the
+Timing: no host synchronisation inside the step loop (the ranks' stop vote runs in gloo's thread during a step and is
+read at the next boundary: training/graceful_stop.py). On GPU each phase is bracketed by CUDA events, read with the
 losses once per `log_every` steps; on CPU by perf_counter. The first `timing_warmup_steps` steps (and everything
 before the loop: op builds, compilation, checkpoint loading) are excluded from throughput.
 """
@@ -293,6 +294,7 @@ def train(spec: dict) -> dict | None:
                 if not saved:
                     checkpoint(done)
                 stop.leave(run.out_dir, done, ctx.rank)
+    stop.finish()  # the last vote, before the collectives of the final validation
     log.flush()
     clock.mark("steps")
     publisher.publish(run.total_steps + 1)
