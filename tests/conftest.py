@@ -24,11 +24,23 @@ def pytest_addoption(parser):
                      help="also build the CUDA image (GBs, ~1 h on 2 cores) and check it: tests/test_image.py -k cuda")
 
 
+# fixtures whose tests train through torchrun or run a study: such a test is `slow` (the fast tier,
+# `pytest -m "not slow"`, leaves it out); SLOW_TESTS: tests that do so without one of them
+SLOW_FIXTURES = {"default_study", "token_data", "slurm_cluster", "slurm_study"}
+SLOW_TESTS = {"test_every_job_runs_in_the_platform_image_with_the_profiles_flags",  # a study in the fake image
+              "test_zero_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_rank"}  # torchrun, 2 ranks
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "image: builds the CPU image and runs jobs in it (needs --image)")
+    config.addinivalue_line("markers", "slow: trains through torchrun or runs a study (the fast tier: "
+                                       "python3 -m pytest -q -m 'not slow')")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.originalname in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--image"):
         return
     skip = pytest.mark.skip(reason="builds the CPU image (~3 min) and runs the default study in it (~8 min): "

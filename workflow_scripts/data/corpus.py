@@ -355,9 +355,7 @@ def main(argv=None):
     try:
         manifest = build_corpus(json.loads(args.params), args.jsonl, args.manifest)
     except CorpusError as exc:  # bad input: the problems, one line each, without a traceback
-        from workflow_scripts.job import job_log
-
-        job_log.failed(sys.stderr, "corpus", 1, str(exc), None)
+        print(f"corpus failed (exit code 1): {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     print(json.dumps(manifest, indent=2))
 
