@@ -44,3 +44,22 @@ def test_the_diagnostic_refuses_what_it_would_crash(monkeypatch):
     assert refused(spec).startswith("PIPELINE_MEMORY_PEAK: ") and "train.compile_blocks: false" in refused(spec)
     assert refused({**spec, "train": {"gradient_checkpointing": True, "compile_blocks": False}}) is None
     assert refused({**spec, "platform": "cpu"}) is None
+
+
+def test_the_recorded_steps_are_left_out_of_the_timing_and_the_switch_is_in_provenance(monkeypatch, tmp_path):
+    """PIPELINE_MEMORY_PEAK=3 on a resumed run (its first step 0-based 10): steps 10, 11 and 12 record allocator
+    history (a device synchronisation each), so they are `profiled` rows, which the timing leaves out; rank 1
+    records nothing; the variable is in the run's provenance."""
+    from types import SimpleNamespace
+
+    from workflow_scripts.measure import metrics, provenance
+    from workflow_scripts.measure.memory_peak import ENV, MemoryPeak
+
+    monkeypatch.setenv(ENV, "3")
+    peak = MemoryPeak(SimpleNamespace(device=SimpleNamespace(type="cuda", index=0), rank=0), tmp_path)
+    assert [s for s in range(8, 16) if peak.recording(s, 10)] == [10, 11, 12]
+    other = MemoryPeak(SimpleNamespace(device=SimpleNamespace(type="cuda", index=0), rank=1), tmp_path)
+    assert not any(other.recording(s, 10) for s in range(8, 16))
+    rows = [{"step": s + 1, "warmup": False, "profiled": peak.recording(s, 10)} for s in range(10, 16)]
+    assert [r["step"] for r in metrics.steady(rows)] == [14, 15, 16]
+    assert provenance.collect({"run_id": "r"}, 0.0, 1.0, measured={})["env"][ENV] == "3"

@@ -1,5 +1,7 @@
 """Where a GPU run's peak allocation comes from: a diagnostic, off unless the environment sets
-PIPELINE_MEMORY_PEAK=<steps> (the run's results do not change, so it is not part of the run's configuration).
+PIPELINE_MEMORY_PEAK=<steps> (the run's losses do not change, so it is not part of the run's configuration). Its
+steps synchronise the device and record every allocation's stack: they are marked `profiled` in metrics.csv and left
+out of the run's timing like a profiler's (MemoryPeak.recording), and the variable is in the run's provenance.
 
 Rank 0 records torch's CUDA allocator history (torch.cuda.memory._record_memory_history, Python stacks) from the
 first training step for <steps> steps, replays it and writes <run_dir>/memory_peak.json:
@@ -88,6 +90,10 @@ class MemoryPeak:
         steps = os.environ.get(ENV)
         self.steps = int(steps) if steps and ctx.device.type == "cuda" and ctx.rank == 0 else 0
         self.ctx, self.out_dir, self.marks, self.baseline, self.done = ctx, Path(out_dir), [], 0.0, False
+
+    def recording(self, step: int, first: int) -> bool:
+        """Whether 0-based `step` is one this run records (the `steps` from its first, `first`)."""
+        return bool(self.steps) and first <= step < first + self.steps
 
     def start(self) -> None:
         if self.steps:

@@ -138,7 +138,8 @@ def collect(run_cfg: dict, start: float, end: float, study_cfg_hash: str | None 
         **(measured or torch_facts()),
         "host": socket.gethostname(),
         "os": platform.platform(),
-        "env": {k: os.environ[k] for k in ENV_FACTS if k in os.environ},
+        # the machine's facts, and every PIPELINE_* variable (the pipeline's own switches: a diagnostic among them)
+        "env": {k: v for k, v in sorted(os.environ.items()) if k in ENV_FACTS or k.startswith("PIPELINE_")},
         "container": os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER"),
         "image": container.facts(),  # the image's digest and recipe commit, read inside it; None on the host
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),

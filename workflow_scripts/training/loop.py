@@ -253,11 +253,13 @@ def train(spec: dict) -> dict | None:
     clock.mark("evaluate_initial")
 
     profiler = StepProfiler(spec, ctx, state["step"], run.total_steps)
-    log = StepLog(run, state["rows"], state["step"], profiler.profiled)
+    memory_peak = MemoryPeak(ctx, run.out_dir)
+    first = state["step"]  # steps under a diagnostic are left out of the timing (metrics.steady)
+    log = StepLog(run, state["rows"], state["step"],
+                  lambda step: profiler.profiled(step) or memory_peak.recording(step, first))
     publisher = StepPublisher(os.environ.get("PIPELINE_STEP_FILE") if ctx.rank == 0 else None)
     faults = t.get("fault_injection") or {}
     stop = RankStop(ctx.world_size)
-    memory_peak = MemoryPeak(ctx, run.out_dir)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
         memory_peak.start()
