@@ -9,7 +9,8 @@
 # toolkit, so the study loads pre-built ops as in the image; needs .sdist/ carried too (DeepSpeed's sdist and a
 # ninja wheel: `pip download --no-deps --no-binary :all: deepspeed==<pin>`). Then `pytest tests/test_gpu_ops.py`
 # checks the ops against references. Nothing may train beside that step: DeepSpeed is gone while it reinstalls.
-# A study longer than one command can run under `setsid` across several: the jobs watch their ancestry only up to
+# A study longer than one command can run under `setsid` across several (each later command polling it with
+# tools/gpu_snapshot.sh, so a machine lost between commands loses nothing before the last poll): the jobs watch their ancestry only up to
 # Snakemake (training/workflow_watch.py), so the first command's shell ending stops nothing.
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
