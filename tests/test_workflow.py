@@ -394,6 +394,8 @@ def test_the_run_spec_is_resolved_once_and_reads_back_as_written(tmp_path):
     assert (ga.micro_batch, ga.accum, ddp.micro_batch, ddp.accum) == (1, 8, 8, 1)
     assert ga.train["seed"] == config["train"]["seed"] + 1 and ga.layout == {"dp": 2, "pp": 1, "tp": 1, "cp": 1,
                                                                             "ep": 1}
+    seeded = study.resolve(config, "gpt2-tiny", "ddp", 2, 2, {"seed": 99}, **kw)  # a group's own seed
+    assert seeded.train["seed"] == 101
     assert set(schema.default("train")) - {"precision"} <= set(ga.train) and ga.precision == "fp32"
     assert ga.train["compile_blocks"] is False and ga.train["compile_auto"].startswith("auto: off on CPU")
     assert ga.data["manifest"] == "results/default/data/tokens_manifest.json" and ga.trace_dir is None

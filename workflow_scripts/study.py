@@ -130,8 +130,9 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
     train = levers.resolve(train, config["platform"], layout.degrees(), MODELS[model].family,
                            block_flops(config, model, micro, layout.degrees()),
                            levers.evidence_family(strategy, options), trial)
-    # a different repeat trains with a different seed, so repeats measure variance, not the same run twice
-    train["seed"] = config["train"]["seed"] + int(repeat)
+    # a different repeat trains with a different seed, so repeats measure variance, not the same run twice; the
+    # base is the group's seed where its train section sets one
+    train["seed"] = int(train["seed"]) + int(repeat)
     guard, profile = None, None
     if config["plan"].get("refuse_oom") and config["platform"] != "cpu":  # opt-in: launch.predicted_oom
         plan = config["plan"]
