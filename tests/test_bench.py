@@ -204,3 +204,18 @@ def test_benchmarks_md_rewrites_only_the_marked_tables_from_the_sets_csvs(tmp_pa
         benchmarks_md.rewrite(md.read_text(), tmp_path / "results")
     assert benchmarks_md.main(argv) == 2  # one message, nothing written
     assert "h100-gone" in md.read_text() and md.read_text().count("125,513") == 1
+
+
+def test_a_levers_options_are_resolved_with_the_run_not_swapped_in_after(tmp_path):
+    """A bench lever that runs grad_accum with its own accum_steps 2 (the study's are 8): the run's micro-batch split
+    is the lever's, 8 samples as 2 micro-batches of 4 (swapping the options in after resolving kept 8 of 1)."""
+    from test_workflow import validated_config
+
+    from workflow_scripts.bench.harness import spec_for
+
+    config = validated_config()
+    assert config["strategy_options"]["grad_accum"]["accum_steps"] == 8 and config["train"]["micro_batch_size"] == 8
+    spec = spec_for(config, "grad_accum", {}, tmp_path, "lever", 0,
+                    options={"accum_steps": 2, "keep_effective_batch": True})
+    assert spec["options"]["accum_steps"] == 2
+    assert (spec["batch"]["micro_batch"], spec["batch"]["accum"]) == (4, 2), spec["batch"]

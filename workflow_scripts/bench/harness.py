@@ -54,11 +54,11 @@ def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, 
     """The run spec of one benchmark run: results under out/run, scratch under work_dir/bench/run; `options`: the
     run's strategy options where they are not the study's (a lever's, study.lever_run)."""
     b = config["bench"]
+    if options is not None:  # resolved with them: the micro-batch split and the levers' evidence read the options
+        config = {**config, "strategy_options": {**config["strategy_options"], strategy: options}}
     spec = study.run_spec(config, b["model"], strategy, world_size or b["world_size"], repeat,
                           {**b["train"], **overrides}, out_dir=str(out / run),
                           work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=[])
-    if options is not None:
-        spec["options"] = options
     spec["ops"] = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy, spec["options"])]
     spec["study"] = f"{config['study']}/bench"
     return spec
