@@ -5,6 +5,7 @@ The step splits into three parts, each scaling with one calibrated measure:
   compute        the model's FLOPs at the calibrated bf16 matmul rate: achieved FLOP/s per device / matmul TFLOP/s
   communication  several data-parallel GPU ranks: the gradients' all-reduce (trainable parameters x 4 bytes) at
                  the calibrated bus bandwidth of the largest message measured for that many ranks, not overlapped
+                 (no predicted ratio where either calibration lacks that curve)
   host           the rest of the step: Python, kernel launches, the data path; on GPU at the calibrated launch
                  rate (1 / launch_us) where both sets measured it, else at single-thread CPU speed
 A CPU run is all host, at single-thread CPU speed. Shares are capped so that they sum to 1 (compute first, then
@@ -78,6 +79,9 @@ def predicted_ratio(row, committed: dict, rerun: dict) -> tuple[float | None, st
     """Rerun / committed tokens/s that the two calibrations predict for the committed row, and what bounds it
     (`host-bound (83% host, kernel launches/s x0.95)`); None where a part's measure is missing on either machine."""
     old, new = speeds(committed, ranks_of(row)), speeds(rerun, ranks_of(row))
+    if ranks_of(row) > 1 and not on_cpu(row) and not (old["communication"] and new["communication"]):
+        # without the curve, split() would count the all-reduce as host time: no ratio rather than a wrong one
+        return None, f"no {ranks_of(row)}-rank {MEASURES['communication']} in both calibrations"
     part = split(row, old)
     # the host part follows the launch cost where both sets measured it (GPU), else single-thread CPU speed
     measure = {"compute": "compute", "communication": "communication",

@@ -109,7 +109,9 @@ def step_rates(plan: dict):
 
 def throughput(config: dict, rates, cell: dict, vocab: int, seq_len: int, fabric=None) -> dict:
     """A candidate's predicted step (plan/step_time.py; on a simulated network: plan/fabric.py): tokens/s per GPU,
-    MFU and what bounds it. `cell`: model, strategy, micro_batch, precision, and layout (or gpus: data parallel)."""
+    MFU and what bounds it, or (step_note) why the model has none: a run it does not cover (step_time.not_modelled)
+    or a term whose input the rates lack (`<rates file> has no all_reduce bus-bandwidth curve`). `cell`: model,
+    strategy, micro_batch, precision, and layout (or gpus: data parallel)."""
     if rates is None:
         return {}
     from workflow_scripts.measure.metrics import mfu
@@ -125,8 +127,10 @@ def throughput(config: dict, rates, cell: dict, vocab: int, seq_len: int, fabric
                             options=config["strategy_options"].get(strategy, {}),
                             overrides=config["model_overrides"].get(model))
     if why := step_time.not_modelled(run):
-        return {"step_note": why}
+        return {"step_note": why, "levers": run.levers}
     p = step_time.predict(run, rates, fabric)
+    if not p.modelled:
+        return {"step_note": p.why, "levers": run.levers, "step_notes": "; ".join(p.notes)}
     world = math.prod(layout.get(k, 1) for k in MESH_ORDER)
     per_gpu = micro * accum * seq_len * layout.get("dp", 1) / world / p.step_s  # the dp replicas' samples
     flops = model_flops_per_token(model, run.shape.n_params, seq_len, run.trainable)
@@ -174,23 +178,39 @@ def rows(config: dict) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+STEP_COLUMNS = ("predicted_tokens_per_s_per_gpu", "predicted_mfu", "time_bound", "levers", "step_note")
+
+
 def ranking(frame: pd.DataFrame, top: int = 10) -> list[str]:
-    """Per model, the candidates that fit, fastest first by predicted tokens/s per GPU, with what bounds each."""
-    if "predicted_tokens_per_s_per_gpu" not in frame:
+    """Per model, the candidates that fit, fastest first by predicted tokens/s per GPU, with what bounds each; then
+    those that fit and have no predicted step, a row per strategy, GPU count and reason (their micro-batches), `–`
+    where a number would be (–1, –2, ... where the model has several reasons), each reason footnoted below."""
+    if not any(c in frame for c in ("predicted_tokens_per_s_per_gpu", "step_note")):
         return ["No throughput ranking: set plan.calibration to a GPU kind (h100, h200: workflow_scripts/plan/rates/) "
                 "or a calibration.json measured by `calibrate`.", ""]
+    frame = frame.assign(**{c: None for c in STEP_COLUMNS if c not in frame})
     lines = ["Ranked by predicted throughput (step-time model, plan/step_time.py; candidates that fit):", ""]
     host_bound = False
     for model, part in frame[frame["fits"] == True].groupby("model", sort=False):  # noqa: E712
-        best = part.dropna(subset=["predicted_tokens_per_s_per_gpu"]).sort_values(
-            "predicted_tokens_per_s_per_gpu", ascending=False).head(top)
+        predicted = part["predicted_tokens_per_s_per_gpu"].notna()
+        best = part[predicted].sort_values("predicted_tokens_per_s_per_gpu", ascending=False).head(top)
+        unranked = part[~predicted]
+        unranked = unranked.assign(step_note=unranked["step_note"].fillna(""))
+        reasons = list(dict.fromkeys(unranked["step_note"]))
+        marks = {why: NONE if len(reasons) == 1 else f"{NONE}{i}" for i, why in enumerate(reasons, 1)}
         lines += [f"#### {model}", "", "| rank | strategy | GPUs | mb | levers | tokens/s per GPU | MFU | bound |",
                   "|---|---|---|---|---|---|---|---|"]
         for i, (_, r) in enumerate(best.iterrows(), 1):
             mfu = "–" if pd.isna(r["predicted_mfu"]) else f"{r['predicted_mfu']:.1%}"
             lines.append(f"| {i} | `{r['strategy']}` | {r['gpus']} | {r['micro_batch']} | {r['levers']} | "
                          f"{r['predicted_tokens_per_s_per_gpu']:,.0f} | {mfu} | {r['time_bound']} |")
+        for (strategy, n, why), cells in unranked.groupby(["strategy", "gpus", "step_note"], sort=False):
+            mbs = ", ".join(str(m) for m in cells["micro_batch"])
+            levers = "/".join(dict.fromkeys(str(v) for v in cells["levers"].dropna())) or NONE
+            lines.append(f"| {NONE} | `{strategy}` | {n} | {mbs} | {levers} | {marks[why]} | {NONE} | {NONE} |")
         lines.append("")
+        if reasons:
+            lines += [f"{marks[why]} not modelled: {why or 'no reason given'}" for why in reasons] + [""]
         host_bound |= bool((best["time_bound"] == "host").any())
     return lines + ([HOST_BOUND_NOTE, ""] if host_bound else [])
 

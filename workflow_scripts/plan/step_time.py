@@ -58,6 +58,15 @@ term with the largest share is the run's bound. The constants in upper case desc
 bytes an eager block moves, how many launches it issues) and are fitted once on one-GPU sets (step_time_fit.json,
 written by experiments.step_time.fit --fit), never on the sets the model is tested on; the rates are the machine's
 (a calibration's, its host costs its GPU kind's rate file's: load_rates).
+
+A term the run needs whose rate the calibration lacks (a collective over several ranks without its bus-bandwidth
+curve, an offloaded step without `cpu_adam`, `d2h` or `h2d`, bytes to ready on the host without `host_memcpy`,
+eager tensor parallelism without `tp_linear_us`, ZeRO-3's extra modules without `zero3_module_us`) is not given a
+zero or a default rate: the prediction is not modelled (Prediction.missing, `why`: "<rates file> has no all_reduce
+bus-bandwidth curve"), as a run whose kernels the calibration does not time is (not_modelled). A one-rank run needs no
+collective. The rate files of plan/rates/ are one-GPU calibrations: they have no bus-bandwidth curves, so a
+multi-GPU data-parallel run predicted from a GPU kind alone is not modelled (a study's own calibration of several
+GPUs, or a simulated network, plan/fabric.py, gives the collectives their rate).
 """
 from __future__ import annotations
 
@@ -127,9 +136,36 @@ FSDP_CAST_BYTES = 13
 MEMORY_FITTED = _FIT_RECORD.get("memory_pace") or {}
 
 
+# The calibration row each optional rate of Rates is read from: where a run's term needs one that the calibration
+# lacks, the prediction is not modelled and names it (Rates.rate).
+RATE_ROWS = {"h2d": "h2d", "d2h": "d2h", "cpu_adam_ms": "cpu_adam", "host_memcpy": "host_memcpy",
+             "tp_linear_us": "tp_linear_us", "zero3_module_us": "zero3_module_us"}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def shown(path) -> str:
+    """A rates file's path as a prediction names it: from the repository's root where it lies inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def lacking(missing: list | None, why: str) -> float:
+    """NaN, the seconds of a term whose input the rates lack, with `why` added to `missing` (predict: the run is
+    then not modelled and says why; never a zero or a default rate)."""
+    if missing is not None and why not in missing:
+        missing.append(why)
+    return math.nan
+
+
 @dataclass
 class Rates:
-    """What the machine does per second, from a calibration.json (measure/calibrate.py)."""
+    """What the machine does per second, from a calibration.json (measure/calibrate.py). The GEMM and SDPA curves
+    and the copy bandwidth every calibration has (Rates.of refuses one without them); the rest a calibration may
+    lack (a one-GPU calibration, as the rate files are, has no collectives): a term that needs one reads it through
+    `rate` (a collective: `busbw`, None where absent), and the run's prediction is then not modelled, naming what
+    `source` lacks."""
 
     matmul: tuple  # ((m, k, n, TFLOP/s), ...)
     sdpa: tuple  # ((causal, seq, head_dim, TFLOP/s), ...): both masks
@@ -149,20 +185,31 @@ class Rates:
     host_beside: tuple = ()  # ((ranks, the host's slowdown with that many ranks on the node), ...)
     memory_block: dict = field(default_factory=dict)  # "<block>,<levers>" -> GB/s of its memory-bound kernels
     device: str | None = None  # the GPU's name (its datasheet peak: MFU)
+    source: str | None = None  # the file the rates were read from (what a not-modelled prediction names)
+
+    def lacks(self, what: str) -> str:
+        """Why a term is not modelled: `<the rates' file> has no <what>`."""
+        return f"{self.source or 'the calibration'} has no {what}"
+
+    def rate(self, name: str, missing: list | None) -> float:
+        """The optional rate `name` (RATE_ROWS), or NaN where the calibration has no such row, its absence added to
+        `missing` (lacking)."""
+        value = getattr(self, name)
+        return lacking(missing, self.lacks(f"{RATE_ROWS[name]} row")) if value is None else value
 
     @classmethod
     def load(cls, path, adjust=lambda calibration: calibration) -> Rates:
         """The rates of a calibration.json (`adjust`ed: load_rates); ValueError naming the file where it is missing
         or has no curves."""
         try:
-            return cls.of(adjust(json.loads(Path(path).read_text())))
+            return cls.of(adjust(json.loads(Path(path).read_text())), source=shown(path))
         except OSError as exc:
             raise ValueError(f"{path}: {exc.strerror}") from None
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
 
     @classmethod
-    def of(cls, calibration: dict) -> Rates:
+    def of(cls, calibration: dict, source: str | None = None) -> Rates:
         rows = {r["name"]: r["value"] for r in calibration["rows"] if r["value"] is not None}
         curves = calibration.get("curves") or {}
         missing = [k for k in ("matmul_bf16", "sdpa_bf16") if not curves.get(k)]
@@ -196,7 +243,7 @@ class Rates:
                    matmul_unaligned=rows.get("matmul_bf16_unaligned"),
                    host_beside=beside, memory_block=blocks,
                    device=next((r["detail"] for r in calibration["rows"] if r["name"].startswith("matmul_bf16[")),
-                               None))
+                               None), source=source)
 
 
 def machine_gpu(calibration: dict) -> str | None:
@@ -297,7 +344,8 @@ def interpolate(points: tuple, at: tuple) -> float:
 
 def busbw(rates: Rates, kind: str, ranks: int, message: float) -> float | None:
     """GB/s of a collective over `ranks` for one message (bytes): the curve for that rank count, else the
-    nearest rank count measured (a stated assumption in the prediction's notes)."""
+    nearest rank count measured (a stated assumption in the prediction's notes); None where the rates have no curve
+    of that collective at any rank count (Collectives: the run is not modelled)."""
     curves = {r: v for (k, r), v in rates.busbw.items() if k == kind}
     if not curves:
         return None
@@ -343,13 +391,26 @@ class Run:
 
 @dataclass
 class Prediction:
-    step_s: float
-    parts: dict  # name -> seconds
-    bound: str  # the part with the largest share
-    notes: list = field(default_factory=list)
+    """A run's predicted step, or (`missing` not empty) none: a term of the run needs an input the rates lack, and
+    `why` names it; step_s and bound are None then, and that term's part NaN."""
 
-    def tokens_per_s(self, tokens_per_step: float) -> float:
-        return tokens_per_step / self.step_s
+    step_s: float | None
+    parts: dict  # name -> seconds
+    bound: str | None  # the part with the largest share
+    notes: list = field(default_factory=list)
+    missing: list = field(default_factory=list)  # what the rates lack that a term of the run needs
+
+    @property
+    def modelled(self) -> bool:
+        return not self.missing
+
+    @property
+    def why(self) -> str:
+        """Why there is no step (`<rates file> has no all_reduce bus-bandwidth curve`), or ''."""
+        return "; ".join(self.missing)
+
+    def tokens_per_s(self, tokens_per_step: float) -> float | None:
+        return None if self.step_s is None else tokens_per_step / self.step_s
 
 
 def degree(run: Run, key: str) -> int:
@@ -469,13 +530,15 @@ def local_params(run: Run) -> float:
     return p / dp if run.zero_stage >= 1 else p
 
 
-def optimizer_seconds(run: Run, rates: Rates) -> tuple[float, float]:
-    """(device seconds, offload seconds) of one AdamW step on this rank."""
+def optimizer_seconds(run: Run, rates: Rates, missing: list | None = None) -> tuple[float, float]:
+    """(device seconds, offload seconds) of one AdamW step on this rank; offloaded, at the calibrated `cpu_adam`,
+    `d2h` and `h2d` (NaN where the calibration lacks one, named in `missing`)."""
     p = local_params(run)
     if not run.offload_optimizer:
         return p * (ADAMW_BYTES + (CLIP_BYTES if run.grad_clip else 0)) / (rates.hbm * GB), 0.0
-    host = (rates.cpu_adam_ms or 0.0) / 1e3 * p / 1e7
-    copies = p * run.grad_bytes / ((rates.d2h or 1.0) * GB) + p * 2 / ((rates.h2d or 1.0) * GB)
+    host = rates.rate("cpu_adam_ms", missing) / 1e3 * p / 1e7
+    copies = (p * run.grad_bytes / (rates.rate("d2h", missing) * GB)
+              + p * 2 / (rates.rate("h2d", missing) * GB))
     return 0.0, host + copies
 
 
@@ -490,14 +553,15 @@ def sharding(run: Run) -> str | None:
     return None
 
 
-def hook_ops(run: Run, layers: float, rates: Rates) -> float:
+def hook_ops(run: Run, layers: float, rates: Rates, missing: list | None = None) -> float:
     """Host launch-equivalents of a micro-batch's parameter hooks: FSDP2's per unit (each layer, or once where one
     unit holds the model), DeepSpeed ZeRO-3's per parameter tensor of the stage (its gather, release and
     gradient-reduce walk every tensor in Python, as a host profile of ViT-Huge showed); eager
     ZeRO-3's at the calibrated `zero3_tensor_us` where the calibration has it (a one-rank engine's forward, backward
     and step of a bare stack of linears: the step's share counted with every micro-batch), and `zero3_module_us` for
     each module beyond that stack's share of modules a tensor (ZeRO-3 hooks every module; the calibrations before
-    that row priced tensors only), else the fitted launches."""
+    that row priced tensors only: where the run has such modules and the calibration no such row, NaN, named in
+    `missing`), else the fitted launches."""
     key = sharding(run)
     if key is None:
         return 0.0
@@ -505,8 +569,10 @@ def hook_ops(run: Run, layers: float, rates: Rates) -> float:
         return HOOK_OPS[key] * (layers if run.hooks_per_block else 1.0)
     if key == "zero3" and rates.zero3_tensor_us is not None:
         extra_modules = max(0.0, run.modules - run.tensors * ZERO3_STACK_MODULES_PER_TENSOR)
+        module_us = rates.rate("zero3_module_us", missing) if extra_modules > 0 else 0.0
         # a module costs nothing less than nothing (a noisy calibration can measure the difference below zero)
-        us = zero3_tensor_us(run, rates) * run.tensors + max(0.0, rates.zero3_module_us or 0.0) * extra_modules
+        module_us = module_us if math.isnan(module_us) else max(0.0, module_us)
+        us = zero3_tensor_us(run, rates) * run.tensors + module_us * extra_modules
         return us / rates.launch_us / degree(run, "pp")
     return HOOK_OPS[key] * run.tensors / degree(run, "pp") * zero3_ranks_share(run, rates)
 
@@ -550,25 +616,31 @@ def tp_pair_us(run: Run, rates: Rates) -> float | None:
     return rates.tp_linear_us
 
 
-def dtensor_seconds(run: Run, rates: Rates, layers: float) -> float:
+def dtensor_seconds(run: Run, rates: Rates, layers: float, missing: list | None = None) -> float:
     """A micro-batch's DTensor dispatch on the host: eager tensor parallelism runs each parallel linear of a block
     (parallel/tensor.py's BLOCK_PLAN) through DTensor's Python, forward and backward, at TP_BLOCK_SHARE times the
-    calibrated lone pair's cost per linear (tp_pair_us). Compiled blocks trace it away."""
+    calibrated lone pair's cost per linear (tp_pair_us; NaN where the calibration has none, named in `missing`).
+    Compiled blocks trace it away."""
     from workflow_scripts.training.parallel.tensor import BLOCK_PLAN
 
-    pair = tp_pair_us(run, rates)
-    if degree(run, "tp") == 1 or run.levers != "eager" or pair is None:
+    if degree(run, "tp") == 1 or run.levers != "eager":
         return 0.0
+    pair = tp_pair_us(run, rates)
+    if pair is None:
+        return lacking(missing, rates.lacks("tp_linear_us row"))
     return len(BLOCK_PLAN) * layers * pair * TP_BLOCK_SHARE * 1e-6
 
 
-def tp_clip_seconds(run: Run, rates: Rates, layers: float) -> float:
+def tp_clip_seconds(run: Run, rates: Rates, layers: float, missing: list | None = None) -> float:
     """A step's clip over the DTensors of two meshes (training/grad_norm.clip_, eager whatever the levers): beyond
-    one mesh's, TP_CLIP_PAIRS (at the nearest rank count measured) of the calibrated pair's cost per layer."""
-    pair = tp_pair_us(run, rates)
+    one mesh's, TP_CLIP_PAIRS (at the nearest rank count measured) of the calibrated pair's cost per layer (NaN
+    where the calibration has no pair, named in `missing`)."""
     tp = degree(run, "tp")
-    if tp == 1 or not run.grad_clip or pair is None:
+    if tp == 1 or not run.grad_clip:
         return 0.0
+    pair = tp_pair_us(run, rates)
+    if pair is None:
+        return lacking(missing, rates.lacks("tp_linear_us row"))
     pairs = at_ranks(tuple(TP_CLIP_PAIRS.items()), tp)
     return layers * pair * pairs * 1e-6
 
@@ -590,22 +662,25 @@ def beside(rates: Rates, ranks: int) -> float:
     return max(1.0, at_ranks(rates.host_beside, ranks))
 
 
-def host_seconds(run: Run, rates: Rates) -> float:
+def host_seconds(run: Run, rates: Rates, missing: list | None = None) -> float:
+    """The host's seconds a step (NaN where a calibrated cost it needs is missing, named in `missing`)."""
     layers = run.shape.n_layer / degree(run, "pp")
     # a recomputed block's forward is launched again and gathers its parameters again (the pre-forward hooks)
-    blocks = HOST_OPS[run.levers] * run.kernel_ratio * layers + hook_ops(run, layers, rates)
+    blocks = HOST_OPS[run.levers] * run.kernel_ratio * layers + hook_ops(run, layers, rates, missing)
     per_micro = blocks * (1.0 + replayed_forward(run)) + FIXED_OPS
     optimizer = DS_OPS_PER_TENSOR * run.tensors if run.family == "deepspeed" and run.zero_stage in (1, 2) else 10.0
     reducer = DDP_OPS_PER_TENSOR * run.tensors if run.family == "ddp" and world(run) > 1 else 0.0  # once a step
     launches = (run.accum * per_micro + optimizer + reducer) * rates.launch_us * 1e-6
-    return (launches + run.accum * (dtensor_seconds(run, rates, layers) + input_seconds(run, rates))
-            + tp_clip_seconds(run, rates, layers))
+    return (launches + run.accum * (dtensor_seconds(run, rates, layers, missing) + input_seconds(run, rates, missing))
+            + tp_clip_seconds(run, rates, layers, missing))
 
 
-def input_seconds(run: Run, rates: Rates) -> float:
+def input_seconds(run: Run, rates: Rates, missing: list | None = None) -> float:
     """A micro-batch's samples made ready on the host (gathered, widened, pinned: run.host_copy_bytes a sample) at
-    the calibrated `host_memcpy`; none where the calibration has no such row."""
-    return run.micro_batch * run.host_copy_bytes / (rates.host_memcpy * GB) if rates.host_memcpy else 0.0
+    the calibrated `host_memcpy`; NaN where there are bytes to copy and the calibration has no such row (named in
+    `missing`)."""
+    nbytes = run.micro_batch * run.host_copy_bytes
+    return nbytes / (rates.rate("host_memcpy", missing) * GB) if nbytes > 0 else 0.0
 
 
 COLLECTIVE_RATE = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "all_gather",
@@ -617,10 +692,12 @@ MOVED = {"all_reduce": lambda r: 2 * (r - 1) / r, "all_gather": lambda r: (r - 1
 
 class Collectives:
     """Seconds of one rank's collectives over a group of the layout's dimensions: at the calibrated bus bandwidth
-    (the nearest rank count measured, on one node), or on a simulated network (plan/fabric.py)."""
+    (the nearest rank count measured, on one node), or on a simulated network (plan/fabric.py). A collective over
+    several ranks whose curve the rates lack (no rank count of it measured) is NaN, named in `missing`."""
 
-    def __init__(self, run: Run, rates: Rates, fabric=None):
+    def __init__(self, run: Run, rates: Rates, fabric=None, missing: list | None = None):
         self.run, self.rates, self.fabric, self.notes = run, rates, fabric, []
+        self.missing = [] if missing is None else missing
 
     def ranks(self, dims: tuple) -> int:
         return math.prod(degree(self.run, d) for d in dims)
@@ -632,7 +709,9 @@ class Collectives:
         rate = COLLECTIVE_RATE[kind]
         if self.fabric is None:
             bw = busbw(self.rates, rate, ranks, message)
-            if bw is not None and (rate, ranks) not in self.rates.busbw:
+            if bw is None:
+                return lacking(self.missing, self.rates.lacks(f"{rate} bus-bandwidth curve"))
+            if (rate, ranks) not in self.rates.busbw:
                 self.note(f"no {ranks}-rank {rate} bus bandwidth calibrated: the nearest rank count's")
         else:
             exact = self.rates.busbw.get((rate, ranks))
@@ -640,7 +719,7 @@ class Collectives:
                                    interpolate(exact, (message,)) if exact else None)
         if kind != rate:
             self.note(f"{kind} at the {rate} bus bandwidth")
-        return nbytes * MOVED[kind](ranks) / ((bw or math.inf) * GB)
+        return nbytes * MOVED[kind](ranks) / (bw * GB)
 
     def note(self, text: str):
         if text not in self.notes:
@@ -664,10 +743,11 @@ def compute_share(parts: dict) -> float:
 
 
 def comm_seconds(run: Run, rates: Rates, backward_s: float, fabric=None,
-                 compute: float = 0.0) -> tuple[float, list]:
+                 compute: float = 0.0, missing: list | None = None) -> tuple[float, list]:
     """The exposed seconds of the strategy's and the layout's collectives, and notes on what was assumed; `compute`
-    the compute-bound share of the device's work (compute_share: what a hidden collective costs it)."""
-    c = Collectives(run, rates, fabric)
+    the compute-bound share of the device's work (compute_share: what a hidden collective costs it). NaN where a
+    collective's curve is missing from the rates (named in `missing`)."""
+    c = Collectives(run, rates, fabric, missing)
     dp_dims = ("dp", "cp")
     s, layers = run.shape, run.shape.n_layer / degree(run, "pp")
     p = run.trainable / (degree(run, "pp") * degree(run, "tp"))
@@ -721,15 +801,19 @@ DEVICE_PARTS = ("gemm", "attention", "memory", "optimizer")  # the device's work
 
 
 def predict(run: Run, rates: Rates, fabric=None) -> Prediction:
-    """The step of `run` on the machine of `rates` (and, simulated, on the network `fabric`: plan/fabric.py)."""
+    """The step of `run` on the machine of `rates` (and, simulated, on the network `fabric`: plan/fabric.py); not
+    modelled (step_s None, `why` naming it) where a term the run needs has no input in the rates."""
+    missing: list = []
     tokens = run.micro_batch * run.tokens // degree(run, "cp")
     per_micro = {"gemm": gemm_seconds(run, rates, tokens), "attention": attention_seconds(run, rates, run.micro_batch),
                  "memory": memory_seconds(run, rates, tokens)}
     parts = {k: v * run.accum for k, v in per_micro.items()}
-    parts["optimizer"], offload = optimizer_seconds(run, rates)
-    parts["host"] = host_seconds(run, rates) * beside(rates, node_ranks(run, fabric))
+    parts["optimizer"], offload = optimizer_seconds(run, rates, missing)
+    parts["host"] = host_seconds(run, rates, missing) * beside(rates, node_ranks(run, fabric))
     backward = (parts["gemm"] + parts["attention"]) * 2 / 3
-    parts["comm"], notes = comm_seconds(run, rates, backward, fabric, compute_share(parts))
+    parts["comm"], notes = comm_seconds(run, rates, backward, fabric, compute_share(parts), missing)
+    if missing:
+        return Prediction(None, {**parts, "offload": offload}, None, notes, missing)
     device = sum(parts[k] for k in DEVICE_PARTS)
     step = (device ** OVERLAP + parts["host"] ** OVERLAP) ** (1 / OVERLAP) + parts["comm"] + offload
     pp = degree(run, "pp")

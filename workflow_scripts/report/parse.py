@@ -235,6 +235,8 @@ def predicted_step(summary: dict, spec: dict, settings: dict | None, rates) -> d
     from workflow_scripts.plan import step_time
 
     p = step_time.predict(step_time.run_of(spec, summary, settings), rates)
+    if not p.modelled:  # a term's input is missing from the calibration: no number, the reason
+        return {**none, "predicted_step_note": f"not modelled: {p.why}"}
     return {"predicted_step_s": p.step_s, "predicted_tokens_per_s": p.tokens_per_s(summary["tokens_per_step"]),
             "predicted_step_note": "; ".join([f"{p.bound}-bound"] + p.notes)}
 
