@@ -12,6 +12,7 @@ from pathlib import Path
 
 from workflow_scripts import study
 from workflow_scripts.schema import did_you_mean, filled, unknown_key
+from workflow_scripts.training import models as own
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import model_problems, run_problems, unimplemented
@@ -62,8 +63,9 @@ def planning_only(argv: list[str]) -> bool:
 
 
 def problems(config: dict, devices: int | None = None, planning: bool = False) -> list[str]:
+    named = own_model_problems(config)  # first: every check after it sees the study's own models by their names
     sizes = [] if planning else size_problems(config, devices)
-    found = (name_problems(config) + batch_problems(config) + layout_problems(config)
+    found = (named + name_problems(config) + batch_problems(config) + layout_problems(config)
              + sizes + data_problems(config) + bench_problems(config)
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
              + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config)
@@ -147,13 +149,92 @@ def published_problems(config: dict) -> list[str]:
     return out
 
 
+def model_places(config: dict):
+    """(key, entry) of every place a study names a model: models, groups[].models, plan.models, bench.model, the keys
+    of pretrained and model_overrides, published claims and headlines."""
+    def entries(where, value):
+        return [(where, m) for m in value] if isinstance(value, list) else []
+
+    found = entries("models", config.get("models"))
+    for i, g in enumerate(config.get("groups") or []):
+        found += entries(f"groups[{i}].models", g.get("models") if isinstance(g, dict) else None)
+    sections = {k: config.get(k) if isinstance(config.get(k), dict) else {} for k in ("plan", "bench", "published")}
+    found += entries("plan.models", sections["plan"].get("models"))
+    found += entries("bench.model", [sections["bench"]["model"]] if "model" in sections["bench"] else None)
+    for key in ("pretrained", "model_overrides"):
+        found += [(key, m) for m in (config.get(key) if isinstance(config.get(key), dict) else {})]
+    for part in ("claims", "headlines"):
+        for i, row in enumerate(sections["published"].get(part) or []):
+            found += entries(f"published.{part}[{i}].model", [row["model"]] if isinstance(row, dict)
+                             and "model" in row else None)
+    return found
+
+
+def rename_models(config: dict, names: dict) -> None:
+    """Every place of model_places with an entry of `names` given its name instead (in place)."""
+    def renamed(value):
+        return list(dict.fromkeys(names.get(m, m) for m in value)) if isinstance(value, list) else value
+
+    if "models" in config:
+        config["models"] = renamed(config["models"])
+    for g in config.get("groups") or []:
+        if isinstance(g, dict) and "models" in g:
+            g["models"] = renamed(g["models"])
+    for key, field in (("plan", "models"), ("bench", "model")):
+        section = config.get(key)
+        if isinstance(section, dict) and section.get(field) is not None:
+            value = section[field]
+            section[field] = renamed(value) if isinstance(value, list) else names.get(value, value)
+    for key in ("pretrained", "model_overrides"):
+        if isinstance(config.get(key), dict):
+            config[key] = {names.get(m, m): v for m, v in config[key].items()}
+    published = config.get("published") if isinstance(config.get("published"), dict) else {}
+    for part in ("claims", "headlines"):
+        for row in published.get(part) or []:
+            if isinstance(row, dict) and row.get("model") in names:
+                row["model"] = names[row["model"]]
+
+
+def own_model_problems(config: dict) -> list[str]:
+    """A study's own models (training/models.py: a local directory holding a Hugging Face config.json, or a hub id),
+    read now, each once: one problem naming the key and the entry for a model that cannot be read or trained here,
+    or two different sources that would be named alike. Each readable one is registered under its name (the
+    directory's, a hub id's org--name: models.own_name), for this process and every job it starts, and every place
+    that names it (model_places) then holds that name, as its runs and result folders do."""
+    out, names, first, seen = [], {}, {}, set()
+    for where, entry in model_places(config):
+        if entry in seen or not own.is_source(entry):
+            continue
+        seen.add(entry)
+        try:
+            name, source = own.own_name(entry), own.source_of(entry)
+            if name in own.NAMED:
+                raise own.ModelSourceError(f"{entry!r}: its name {name!r} is a registry model's: rename the "
+                                           "directory")
+            if name in first and first[name][1] != source:
+                raise own.ModelSourceError(f"{entry!r} and {first[name][0]!r} are different models both named "
+                                           f"{name!r} (their directory's name; runs/{name}/ would hold both): "
+                                           "rename one directory")
+            own.own_spec(name, source, entry)
+        except own.ModelSourceError as exc:
+            out.append(f"{where}: {exc}")
+            continue
+        first.setdefault(name, (entry, source))
+        names[entry] = name
+    for name, (_, source) in first.items():
+        own.register(name, source)
+    rename_models(config, names)
+    return out
+
+
 def name_problems(config: dict) -> list[str]:
     """Unknown models, strategies and their options; runs claimed twice; pretrained paths."""
     out = []
     where = "groups[].models" if config.get("groups") else "models"
     for m in study.all_names(config, "models"):
-        if m not in MODELS:
-            out.append(f"{where}: unknown model {m!r} (known: {', '.join(MODELS)})")
+        if m not in MODELS and not own.is_source(m):  # a source that cannot be read: own_model_problems says why
+            out.append(f"{where}: unknown model {m!r} (known: {', '.join(MODELS)}; or a local directory holding a "
+                       "config.json, or a hub id)")
     where = "groups[].strategies" if config.get("groups") else "strategies"
     for s in study.all_names(config, "strategies"):
         if s not in STRATEGIES:
@@ -168,6 +249,8 @@ def name_problems(config: dict) -> list[str]:
         else:
             out += option_problems(STRATEGIES[s], options)
     for model, path in config.get("pretrained", {}).items():
+        if own.is_source(model) and model not in MODELS:
+            continue  # said by own_model_problems
         if model not in MODELS:
             out.append(f"pretrained.{model}: unknown model")
         elif _is_local(str(path)) and not os.path.exists(path):
@@ -287,7 +370,7 @@ def bench_problems(config: dict) -> list[str]:
     out = []
     b = config.get("bench") or {}
     if b:
-        if b.get("model") not in MODELS:
+        if b.get("model") not in MODELS and not own.is_source(b.get("model")):
             out.append(f"bench.model: unknown model {b.get('model')!r} (known: {', '.join(MODELS)})")
         for s in list(b.get("strategies", [])) + [b.get("lever_strategy")] + list(b.get("harness_by_strategy", {})) + [
                 lever["strategy"] for lever in b.get("levers", []) if "strategy" in lever]:

@@ -3,9 +3,20 @@
 Shapes are written out here (from the models' published configs) so that every study runs offline; with
 `pretrained: <hub id or local dir>` the real `from_pretrained` path loads config and weights instead.
 Adding a model is one entry in MODELS.
+
+A study may also name its own causal LM instead of a registry name (`own_spec`): a local directory holding a Hugging
+Face config.json, or a hub id, read with `AutoConfig.from_pretrained` (the Hugging Face cache first, so a cached hub
+id reads offline). Its shape is the config's, its family the pipeline's family of its block structure (OWN_FAMILIES),
+so the memory and step-time models, MFU and the plan take it as they take a registry model. Runs name it by a name
+that fits a path and a Snakemake wildcard (own_name: the directory's name, a hub id's `org--name`); the study's check
+registers that name with its source (`register`: $PIPELINE_MODELS, which every job the workflow starts inherits), and
+MODELS[name] finds it there.
 """
 from __future__ import annotations
 
+import json
+import os
+import re
 from dataclasses import dataclass, replace
 
 GPT2_BASE = dict(
@@ -37,6 +48,7 @@ class ModelSpec:
     shape: dict  # architecture keys for the transformers config class
     lora: dict | None = None  # a LoRA variant: peft's LoraConfig keys (train.lora overrides them)
     vision: bool = False  # an image classifier (data.kind: images; its loss is its classifier's, not lm_loss)
+    source: str | None = None  # a study's own model: the directory (absolute) or hub id its config is read from
 
     # ---------------------------------------------------------------- capabilities
     @property
@@ -133,7 +145,7 @@ def _vit(name, hub_id, layers, hidden, inter, heads, patch, lora=None):
     return ModelSpec(name, "vit", hub_id, shape, lora, vision=True)
 
 
-MODELS: dict[str, ModelSpec] = {m.name: m for m in [
+NAMED: dict[str, ModelSpec] = {m.name: m for m in [
     # CPU-sized models for the default study and tests
     _gpt2("gpt2-tiny", None, 2, 128, 4),
     _gpt2("gpt2-mini", None, 4, 256, 4),
@@ -158,9 +170,165 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 ]}
 
 
+# ---------------------------------------------------------------- a study's own models
+MODELS_ENV = "PIPELINE_MODELS"  # {name: source} of the study's own models (register), inherited by every job
+NAME = re.compile(r"[A-Za-z0-9_.-]+")  # what a {model} wildcard matches (rules/common.smk)
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+# a causal LM's model_type -> the pipeline's family of its block structure, the one the memory model counts, the
+# step-time model times and the parallel plans split: GPT-2's; Qwen2's (RMSNorm, rotary attention with separate
+# q/k/v projections, SiLU-gated MLP; Llama and Mistral blocks are that, without the q/k/v biases); Qwen2-MoE's
+OWN_FAMILIES = {"gpt2": "gpt2", "qwen2": "qwen2", "llama": "qwen2", "mistral": "qwen2", "qwen2_moe": "qwen2_moe"}
+# config.json keys that are no part of the architecture
+NOT_SHAPE = {"transformers_version", "architectures", "_name_or_path", "model_type", "id2label", "label2id", "dtype",
+             "torch_dtype", "output_hidden_states", "output_attentions", "return_dict", "problem_type",
+             "chunk_size_feed_forward", "is_encoder_decoder", "use_cache", "tokenizer_class", "task_specific_params"}
+
+
+class ModelSourceError(ValueError):
+    """A study's own model that cannot be read or trained here; the message names it."""
+
+
+def is_local(entry: str) -> bool:
+    """A path, not a hub id: absolute, starting with '.' or '~', or an existing path."""
+    return os.path.isabs(entry) or entry.startswith((".", "~")) or os.path.exists(entry)
+
+
+def is_source(entry) -> bool:
+    """A models entry that names a model by its source (a local directory or a hub id), not a registry name."""
+    return isinstance(entry, str) and entry not in NAMED and (is_local(entry) or bool(HUB_ID.fullmatch(entry)))
+
+
+def source_of(entry: str) -> str:
+    """Where an own model's config is read from: the directory, absolute; or the hub id."""
+    return os.path.abspath(os.path.expanduser(entry)) if is_local(entry) else entry
+
+
+def own_name(entry: str) -> str:
+    """The name runs give an own model (run ids, result folders runs/<name>/..., the {model} wildcard): the directory's
+    name, a hub id's `org--name`; characters a wildcard does not take become '-'."""
+    base = os.path.basename(source_of(entry)) if is_local(entry) else entry.replace("/", "--")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-")
+    if not NAME.fullmatch(name) or name.startswith("."):
+        raise ModelSourceError(f"{entry!r}: its directory's name {base!r} makes no model name (letters, digits, "
+                               "'_', '.', '-'): rename the directory")
+    return name
+
+
+def read_config(source: str, entry: str | None = None):
+    """The transformers config of an own model: `AutoConfig.from_pretrained` of the directory, or of the hub id from
+    the Hugging Face cache (offline), else downloaded. ModelSourceError naming `entry` where it cannot be read."""
+    from transformers import AutoConfig
+
+    entry = entry or source
+    if os.path.isabs(source):
+        if not os.path.isdir(source):
+            raise ModelSourceError(f"{entry!r}: {source} is not a directory (a local model is a directory holding "
+                                   "a Hugging Face config.json)")
+        if not os.path.isfile(os.path.join(source, "config.json")):
+            raise ModelSourceError(f"{entry!r}: no config.json in {source} (a local model is a directory holding a "
+                                   "Hugging Face config.json)")
+    try:
+        try:
+            return AutoConfig.from_pretrained(source, local_files_only=True)
+        except OSError:
+            if os.path.isabs(source):
+                raise
+        return AutoConfig.from_pretrained(source)  # a hub id not in the cache
+    except OSError as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        where = "" if os.path.isabs(source) else " (a hub id: not in the Hugging Face cache, nor downloadable)"
+        raise ModelSourceError(f"{entry!r}: its config cannot be read{where}: {why}") from None
+    except (ValueError, KeyError) as exc:  # no or an unknown model_type, a config.json that is no JSON
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelSourceError(f"{entry!r}: transformers cannot read its config.json: {why}") from None
+
+
+def own_spec(name: str, source: str, entry: str | None = None) -> ModelSpec:
+    """The ModelSpec of an own model: its config read (read_config), refused where it is no causal LM of a family
+    the pipeline models, its shape the config's architecture keys (tie_word_embeddings and vocab_size among them)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    entry = entry or source
+    config = read_config(source, entry)
+    kind = config.model_type
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelSourceError(f"{entry!r}: model_type {kind!r} ({type(config).__name__}) is not a causal language "
+                               "model (transformers' AutoModelForCausalLM has no class for it)")
+    if kind not in OWN_FAMILIES:
+        raise ModelSourceError(f"{entry!r}: model_type {kind!r} is a causal LM whose block the pipeline does not "
+                               f"model (its memory, step time, parallel plans); model types: {', '.join(OWN_FAMILIES)}")
+    shape = {k: v for k, v in config.to_dict().items() if k not in NOT_SHAPE}
+    shape["tie_word_embeddings"] = bool(getattr(config, "tie_word_embeddings", False))
+    spec = ModelSpec(name, OWN_FAMILIES[kind], None if os.path.isabs(source) else source, shape, source=source)
+    heads, d = spec.n_heads, spec.d_model
+    if d % heads or spec.n_heads % spec.n_kv_heads:
+        raise ModelSourceError(f"{entry!r}: {heads} attention heads do not divide hidden size {d}, or "
+                               f"{spec.n_kv_heads} KV heads do not divide them")
+    if shape.get("head_dim") not in (None, d // heads):
+        raise ModelSourceError(f"{entry!r}: head_dim {shape['head_dim']} is not hidden_size / num_attention_heads "
+                               f"= {d // heads}, which the memory and step-time models take")
+    if spec.moe and (shape.get("decoder_sparse_step", 1) != 1 or shape.get("mlp_only_layers")):
+        raise ModelSourceError(f"{entry!r}: dense layers between the MoE ones (decoder_sparse_step, mlp_only_layers) "
+                               "are not modelled: every layer's MLP is taken for experts")
+    return spec
+
+
+_LOADED: dict[tuple[str, str], ModelSpec] = {}
+
+
+def own_models() -> dict[str, str]:
+    """The own models registered in this process or inherited from the process that checked the study:
+    {name: source}."""
+    try:
+        given = json.loads(os.environ.get(MODELS_ENV) or "{}")
+    except ValueError:
+        raise ModelSourceError(f"${MODELS_ENV}: not a JSON mapping of model name to source") from None
+    return given if isinstance(given, dict) else {}
+
+
+def register(name: str, source: str) -> None:
+    """Name an own model for this process and every process it starts ($PIPELINE_MODELS)."""
+    if name in NAMED:
+        raise ModelSourceError(f"{source!r}: is named {name!r}, a registry model's name: rename the directory")
+    os.environ[MODELS_ENV] = json.dumps({**own_models(), name: source}, sort_keys=True)
+
+
+def _own(key: str) -> ModelSpec:
+    known = own_models()
+    if key in known:
+        name, source, entry = key, known[key], key
+    elif is_source(key):  # asked for by its source (a plan or a build outside a study)
+        name, source, entry = own_name(key), source_of(key), key
+    else:
+        raise KeyError(f"unknown model {key!r}: not a registry model (models.py), not a study's own model named in "
+                       f"${MODELS_ENV}, not a local directory or hub id")
+    if (name, source) not in _LOADED:
+        _LOADED[(name, source)] = own_spec(name, source, entry)
+    return _LOADED[(name, source)]
+
+
+class Registry(dict):
+    """The named models (iteration and len: those only); a lookup (`[]`, `in`, `get`) also finds a study's own
+    models registered by name (register, $PIPELINE_MODELS), and `[]` one given by its source (a directory, a hub
+    id: a plan or a build outside a study)."""
+
+    def __missing__(self, key):
+        if not isinstance(key, str):
+            raise KeyError(key)
+        return _own(key)
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self, key) or (isinstance(key, str) and key in own_models())
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+
+MODELS: dict[str, ModelSpec] = Registry(NAMED)
+
 # what a family can do (vision, MoE) is what every model of it can: the first registry model of each family
 FAMILIES: dict[str, ModelSpec] = {}
-for _m in MODELS.values():
+for _m in NAMED.values():
     FAMILIES.setdefault(_m.family, _m)
 
 
@@ -182,6 +350,8 @@ def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | 
     from transformers import GPT2Config, Qwen2Config, Qwen2MoeConfig
 
     spec = model_spec(name, overrides)
+    if spec.source:
+        return own_config(spec, vocab_size, block_size, overrides)
     shape = dict(spec.shape)
     if spec.vision:  # vocab_size: the classes; block_size: one image row (label + 3 x size x size)
         from transformers import ViTConfig
@@ -192,6 +362,25 @@ def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | 
         return GPT2Config(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0, **shape)
     config = Qwen2MoeConfig if spec.moe else Qwen2Config
     return config(vocab_size=vocab_size, **shape)
+
+
+def own_config(spec: ModelSpec, vocab_size: int, block_size: int, overrides: dict | None = None):
+    """An own model's config as read from its source (read_config), with the study's overrides, vocabulary and
+    sequence length; token ids the vocabulary does not hold are dropped (random init: the study's tokenizer)."""
+    config = read_config(spec.source, spec.name)
+    if overrides:  # through the config's class, so that what it derives (a Qwen2's layer_types) follows them
+        given = {**config.to_dict(), **overrides}
+        if "layer_types" not in overrides and len(given.get("layer_types") or []) not in (0, spec.n_layer):
+            given.pop("layer_types")
+        config = type(config).from_dict(given)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if isinstance(getattr(config, key, None), int) and getattr(config, key) >= vocab_size:
+            setattr(config, key, None)
+    config.vocab_size = vocab_size
+    positions = "n_positions" if spec.family == "gpt2" else "max_position_embeddings"
+    if getattr(config, positions, None) is not None:
+        setattr(config, positions, max(getattr(config, positions), block_size))
+    return config
 
 
 def build_model(name: str, vocab_size: int, block_size: int, *, pretrained: str | None = None,
@@ -275,7 +464,7 @@ def vit_flops_per_image(n_params: int, trainable: int, n_layer: int, d_model: in
 
 
 def model_spec(name: str, overrides: dict | None = None) -> ModelSpec:
-    """A registry model with a study's model_overrides (shape keys) applied."""
+    """A registry model (or a study's own, MODELS) with a study's model_overrides (shape keys) applied."""
     spec = MODELS[name]
     return replace(spec, shape={**spec.shape, **overrides}) if overrides else spec
 
