@@ -25,10 +25,17 @@ def pytest_addoption(parser):
 
 
 # fixtures whose tests train through torchrun or run a study: such a test is `slow` (the fast tier,
-# `pytest -m "not slow"`, leaves it out); SLOW_TESTS: tests that do so without one of them
+# `pytest -m "not slow"`, leaves it out); SLOW_TESTS: tests that do so without one of them, or that take several
+# seconds of Snakemake runs or training in the test's own process
 SLOW_FIXTURES = {"default_study", "token_data", "slurm_cluster", "slurm_study"}
 SLOW_TESTS = {"test_every_job_runs_in_the_platform_image_with_the_profiles_flags",  # a study in the fake image
-              "test_zero_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_rank"}  # torchrun, 2 ranks
+              "test_zero_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_rank",  # torchrun, 2 ranks
+              "test_the_plan_target_of_a_gpu_study_marks_the_compiled_cells",  # snakemake plan
+              "test_a_missing_image_is_one_error_before_any_job",  # snakemake runs
+              "test_gpu_platform_jobs_get_their_image_and_device_flags",  # snakemake dry runs
+              "test_chat_corpus_trains_on_the_answers_only",  # trains
+              "test_a_dry_run_plans_the_runs_of_a_local_directory",  # snakemake -n
+              "test_selective_checkpointing_recomputes_no_matmul_and_changes_no_gradient"}  # backward passes
 
 
 def pytest_configure(config):
