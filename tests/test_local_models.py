@@ -197,3 +197,34 @@ def test_a_dry_run_plans_the_runs_of_a_local_directory(tmp_path):
     planned = snakemake(wd, "-n", "-p", *overlay(wd, "own", models=[path], strategies=["ddp", "zero1"])).stdout
     assert "runs/my-gpt2/ddp/ws2/r0/summary.json" in planned and "runs/my-gpt2/zero1/ws2/r0/summary.json" in planned
     assert "runs/gpt2-tiny" not in planned
+
+
+def test_the_run_spec_carries_the_models_source_and_its_config_hash(tmp_path, monkeypatch):
+    """An own model's run spec names its directory and the SHA-256 of its config.json: an edited config.json is
+    another spec (Snakemake reruns, a checkpoint of the old one never resumes); a launcher started by hand from the
+    spec alone finds the model; a registry model's spec has no such key."""
+    import hashlib
+    import json as js
+
+    from workflow_scripts import study
+    from workflow_scripts.run_spec import RunSpec
+    from workflow_scripts.training.checkpoint import resume_hash
+
+    path = tiny_gpt2(tmp_path / "models" / "my-gpt2")
+    config = study_config(models=[path], strategies=["ddp"])
+    assert check(config) == ""
+    kw = dict(out_dir="o", work_dir="w", ops=[])
+    spec = study.resolve(config, "my-gpt2", "ddp", 2, 0, {}, **kw)
+    written = (tmp_path / "models/my-gpt2/config.json").read_bytes()
+    assert spec.model_source == {"source": path, "config_sha256": hashlib.sha256(written).hexdigest()}
+    assert RunSpec.from_dict(js.loads(spec.to_json()), "spec") == spec
+    before = resume_hash(spec.to_dict())
+    edited = {**js.loads(written), "n_layer": 3}
+    (tmp_path / "models/my-gpt2/config.json").write_text(js.dumps(edited))
+    again = study.resolve(config, "my-gpt2", "ddp", 2, 0, {}, **kw)
+    assert again.model_source["config_sha256"] != spec.model_source["config_sha256"]
+    assert resume_hash(again.to_dict()) != before
+    monkeypatch.delenv(M.MODELS_ENV)  # a shell without the workflow's environment
+    M.register_from(again.to_dict())
+    assert M.own_models() == {"my-gpt2": path}
+    assert "model_source" not in study.resolve(config, "gpt2-tiny", "ddp", 2, 0, {}, **kw).to_dict()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 SCHEMA_VERSION = 1
 # written only where set: a run without traces, a memory guard or a variant has a spec without those keys
-OPTIONAL = ("memory_guard", "profile", "trace_dir", "variant", "torch_extensions_dir")
+OPTIONAL = ("memory_guard", "profile", "trace_dir", "variant", "torch_extensions_dir", "model_source")
 
 
 class RunSpecError(ValueError):
@@ -55,6 +55,9 @@ class RunSpec(Mapping):
     batch: dict  # micro_batch: samples per forward per rank; accum: forwards per optimizer step
     variant: str | None = None  # "as_published": the publication's own settings (rules/published.smk)
     torch_extensions_dir: str | None = None  # a spec run by hand may name its own compiled-ops directory
+    # a study's own model (training/models.py own_spec): {"source": its directory or hub id, "config_sha256": of
+    # its config.json, None for a hub id}; so an edited config.json is another spec (rerun, never resumed)
+    model_source: dict | None = None
 
     # ---------------------------------------------------------------- what readers ask
     @property

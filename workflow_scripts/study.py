@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 from workflow_scripts import columns as C
 from workflow_scripts import replay, schema
@@ -149,11 +150,22 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
         sampler=config["sampler"], substitutions=config["substitutions"], data=data_paths(config), ops=list(ops),
         out_dir=out_dir, work_dir=work_dir, memory_guard=guard, profile=profile,
         trace_dir=trace_dir(config, model, strategy, layout.key, repeat) if profile else None,
-        batch={"micro_batch": micro, "accum": accum})
+        batch={"micro_batch": micro, "accum": accum}, model_source=model_source(model))
     against = (config.get("verify") or {}).get("against")
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
         spec = spec.replace(train={**replay.decisions(spec, auto, against), "seed": train["seed"]})
     return spec
+
+
+def model_source(model: str) -> dict | None:
+    """Where a study's own model is read from and a hash of its config.json (RunSpec.model_source); None for a
+    registry model."""
+    source = MODELS[model].source
+    if source is None:
+        return None
+    config = Path(source) / "config.json"
+    digest = hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
+    return {"source": source, "config_sha256": digest}
 
 
 def run_spec(config: dict, *args, **kwargs) -> dict:
