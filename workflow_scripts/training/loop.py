@@ -447,35 +447,34 @@ def main(argv=None):
         write_error_marker(spec, exc)
         hit = levers.recompile_limit_hit(exc)
         if hit:  # the launcher reads it: an `auto`-decided run goes again eager (job/launch.py)
-            rank = int(os.environ.get("RANK", 0))
-            Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
-            Path(spec["out_dir"], C.RECOMPILE_MARKER.format(rank=rank)).write_text(
-                json.dumps({"rank": rank, "error": hit, **levers.dynamo_counters()}))
+            write_marker(spec, C.RECOMPILE_MARKER, {"error": hit, **levers.dynamo_counters()})
         raise
+
+
+def write_marker(spec: dict, marker: str, info: dict) -> None:
+    """A file of this rank's (`marker`: a C.*_MARKER name with {rank}) in the run's folder, for the launcher."""
+    rank = int(os.environ.get("RANK", 0))
+    Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
+    Path(spec["out_dir"], marker.format(rank=rank)).write_text(json.dumps({"rank": rank, **info}))
 
 
 def write_error_marker(spec: dict, exc: BaseException) -> None:
     """This rank's failure and when it happened (C.ERROR_MARKER): the launcher names the first rank's as the root
     cause (the others' are mostly their peers' broken connections)."""
-    rank = int(os.environ.get("RANK", 0))
     try:
-        Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
-        Path(spec["out_dir"], C.ERROR_MARKER.format(rank=rank)).write_text(
-            json.dumps({"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}"[:600]}))
+        write_marker(spec, C.ERROR_MARKER, {"time": time.time(), "error": f"{type(exc).__name__}: {exc}"[:600]})
     except OSError:  # a full disk may refuse this too: the rank's traceback stays in the log
         pass
 
 
 def write_oom_marker(spec: dict, exc: BaseException) -> None:
     """What this rank held when it ran out of memory, for the launcher's `oom` row."""
-    rank = int(os.environ.get("RANK", 0))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if spec["platform"] != "cpu" else None
-    info = {"rank": rank, "error": str(exc).splitlines()[0][:500],
-            "allocated_bytes": torch.cuda.memory_allocated(device) if device is not None else None,
-            "reserved_bytes": torch.cuda.memory_reserved(device) if device is not None else None,
-            "host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
-    Path(spec["out_dir"], C.OOM_MARKER.format(rank=rank)).write_text(json.dumps(info))
+    write_marker(spec, C.OOM_MARKER, {
+        "error": str(exc).splitlines()[0][:500],
+        "allocated_bytes": torch.cuda.memory_allocated(device) if device is not None else None,
+        "reserved_bytes": torch.cuda.memory_reserved(device) if device is not None else None,
+        "host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
 
 
 if __name__ == "__main__":
