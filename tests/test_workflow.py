@@ -453,16 +453,17 @@ def test_a_failed_training_job_is_its_own_error_in_a_few_lines(default_study):
 
 
 def test_paths_with_spaces_and_accents_run_every_stage(default_study):
-    """results_dir, work_dir and data_dir with a space and a non-ASCII letter: every stage's shell command quotes
+    """results_dir, work_dir and data_dir with a space and a non-ASCII letter (a ZeRO-2 run: DeepSpeed's checkpoint
+    and op paths too): every stage's shell command quotes
     its paths (Snakemake's :q), so the study runs to its tables and findings and no stray file appears beside
     the folders (`work/t/my` was what an unquoted `cp` wrote)."""
     wd = default_study
     names = {"results_dir": "results/my results é", "work_dir": "work/my work é", "data_dir": "work/my data é"}
-    args = overlay(wd, "spaced", **names, strategies=["ddp", "zero2"])
+    args = overlay(wd, "spaced", **names, strategies=["zero2"])
     snakemake(wd, *args)
     results = wd / names["results_dir"]
     runs = pd.read_csv(results / "tables/runs.csv")
-    assert sorted(runs.strategy) == ["ddp", "zero2"] and (runs.status == "ok").all()
+    assert list(runs.strategy) == ["zero2"] and (runs.status == "ok").all()
     assert (results / "tables/findings.md").exists() and (results / "figures/throughput.png").exists()
     assert (results / "data/tokens_manifest.json").exists() and (results / "data/corpus_manifest.json").exists()
     assert not any(p.name in ("my", "my results") for p in (wd / "results").iterdir() if p.is_file())
