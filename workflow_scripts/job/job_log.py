@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 ROOT_CAUSE = "root cause error: "  # job/launch.py prints it before the failed run's last line
+LONGEST = 800  # characters of the error line shown: a full-disk error's path, free space and what stays intact
 
 
 def redirect(log: str | None) -> TextIO:
@@ -34,10 +35,8 @@ def error_line(text: str) -> str:
     tail), else its last line."""
     lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln.strip()) for ln in text.strip().splitlines() if ln.strip()]
     root = [ln.split(ROOT_CAUSE, 1)[1] for ln in lines if ROOT_CAUSE in ln]
-    if root:
-        return root[-1][:800]
     errors = [ln for ln in lines if ("Error" in ln or "error:" in ln) and "ChildFailedError" not in ln]
-    return (errors or lines or [""])[-1][:300]
+    return ((root or errors or lines or [""])[-1])[:LONGEST]
 
 
 def summary(exc: BaseException) -> str:

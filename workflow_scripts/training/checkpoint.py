@@ -153,9 +153,14 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, state: dict, rank: int, i
         if rank == 0:
             (tmp / STATE).write_text(json.dumps(state))
     except Exception as exc:
-        problem = no_space(exc, ckpt_dir, tmp, step)
+        # read before anything is removed: another rank's cleanup of the same folder (below) frees the space, and
+        # the rank that failed first is the one the launcher names (its marker's time)
+        failed_at, free = time.time(), shutil.disk_usage(ckpt_dir).free
+        problem = no_space(exc, ckpt_dir, tmp, step, free)
         if problem is None:
+            exc.failed_at = failed_at
             raise
+        problem.failed_at = failed_at
         shutil.rmtree(tmp, ignore_errors=True)  # what was written of it goes: the disk is not left full
         raise problem from exc
     dist.barrier()
@@ -168,10 +173,10 @@ def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def no_space(exc: BaseException, ckpt_dir: Path, tmp: Path, step: int) -> NoSpaceError | None:
+def no_space(exc: BaseException, ckpt_dir: Path, tmp: Path, step: int, free: int) -> NoSpaceError | None:
     """The full-disk error a failed checkpoint write is, or None where it is another failure: errno 28 in the
-    exception's chain, or (a library's own write error, e.g. torch.save's "file write failed") less free space on
-    the filesystem than the newest complete checkpoint took."""
+    exception's chain, or (a library's own write error, e.g. torch.save's "file write failed") less space `free` on
+    the filesystem when the write failed than the newest complete checkpoint took."""
     chain, seen = [], exc
     while seen is not None and seen not in chain:
         chain.append(seen)
@@ -179,7 +184,6 @@ def no_space(exc: BaseException, ckpt_dir: Path, tmp: Path, step: int) -> NoSpac
     enospc = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain)
     previous = complete_checkpoints(ckpt_dir)
     needed = tree_bytes(previous[0]) if previous else None
-    free = shutil.disk_usage(ckpt_dir).free
     if not enospc and (needed is None or free >= needed):
         return None
     written = tree_bytes(tmp) if tmp.exists() else 0

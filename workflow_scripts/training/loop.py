@@ -461,8 +461,10 @@ def write_marker(spec: dict, marker: str, info: dict) -> None:
 def write_error_marker(spec: dict, exc: BaseException) -> None:
     """This rank's failure and when it happened (C.ERROR_MARKER): the launcher names the first rank's as the root
     cause (the others' are mostly their peers' broken connections)."""
+    failed_at = getattr(exc, "failed_at", None)  # set where the failure was caught before cleaning up after it
     try:
-        write_marker(spec, C.ERROR_MARKER, {"time": time.time(), "error": f"{type(exc).__name__}: {exc}"[:600]})
+        write_marker(spec, C.ERROR_MARKER, {"time": time.time() if failed_at is None else failed_at,
+                                            "error": f"{type(exc).__name__}: {exc}"[:600]})
     except OSError:  # a full disk may refuse this too: the rank's traceback stays in the log
         pass
 
