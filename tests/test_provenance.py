@@ -2,6 +2,8 @@
 the project's own commit, never that of a repository the project was copied into."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -445,3 +447,28 @@ def test_verify_names_the_changed_modules_nearest_the_strategy_first():
     assert sorted(changed, key=lambda m: nearness(m, "zero2"))[:4] == [
         "training/strategies/_deepspeed_engine.py", "training/strategies/engine.py",
         "training/strategies/_ddp_engine.py", "training/strategies/ddp.py"]
+
+
+def test_a_gpu_rank_gets_its_share_of_the_nodes_cores_and_provenance_says_how_many(monkeypatch, tmp_path):
+    """Snakemake exports OMP_NUM_THREADS as the rule's threads (4 a rank); a GPU run's ranks get the cores the job
+    may run on shared among the node's ranks instead (16 cores, 4 ranks: 4 each; 3 ranks: 5; 32 ranks: 1); a CPU
+    run keeps train.threads_per_rank. A rank that trained records its threads, and the provenance table shows them."""
+    from test_lever_cache import config
+
+    from workflow_scripts import study
+    from workflow_scripts.job.launch import environment, gpu_rank_threads
+    from workflow_scripts.report import parse
+
+    assert [gpu_rank_threads(n, cores=16) for n in (1, 3, 4, 32)] == [16, 5, 4, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    cores = len(os.sched_getaffinity(0))
+    gpu = study.resolve(config(tmp_path, platform="cuda", world_sizes=[1]), "gpt2-tiny", "ddp", 1, 0, {}, "o", "w", [])
+    assert environment(gpu)["OMP_NUM_THREADS"] == str(cores)
+    cpu = study.resolve(config(tmp_path), "gpt2-tiny", "ddp", 2, 0, {}, "o", "w", [])
+    assert environment(cpu)["OMP_NUM_THREADS"] == str(cpu.train["threads_per_rank"])
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "provenance.json").write_text(json.dumps({"git": {"commit": "abc"}, "rank_cpu_threads": 16}))
+    row = parse.provenance_row(run, {"run_id": "r", "substitutions": "[]", "settings": "s"})
+    assert row["rank_cpu_threads"] == 16

@@ -59,6 +59,15 @@ def as_spec(spec: Mapping, where: str = "run spec") -> RunSpec:
     return study.from_request(dict(spec))
 
 
+def gpu_rank_threads(ranks_per_node: int, cores: int | None = None) -> int:
+    """The CPU threads each rank of a GPU run gets: its share of the cores this process may run on (`cores`, else
+    its affinity: a SLURM allocation's or a container's cpuset). A timed run never shares its node (the timed_runs
+    resource, `--exclusive` on SLURM), and its host work runs on them: the model's construction on the CPU before
+    it moves, CPU Adam under offload, the batches' pinned copies."""
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return max(1, cores // max(1, ranks_per_node))
+
+
 def environment(spec: Mapping) -> dict:
     from workflow_scripts.training.build_ops import compile_caches, extensions_dir
 
@@ -67,6 +76,8 @@ def environment(spec: Mapping) -> dict:
     if spec.platform == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["OMP_NUM_THREADS"] = str(spec.train["threads_per_rank"])
+    else:  # not Snakemake's threads for the rule (4 a rank): the host work of a GPU rank runs on them
+        env["OMP_NUM_THREADS"] = str(gpu_rank_threads(spec.world_size // spec.nodes))
     if spec.torch_extensions_dir:  # a spec run by hand may name its own; else the workflow's (common.smk)
         env["TORCH_EXTENSIONS_DIR"] = os.path.abspath(spec.torch_extensions_dir)
     elif not env.get("TORCH_EXTENSIONS_DIR"):  # in a container: the image's toolchain, as its build_ops job found

@@ -270,6 +270,7 @@ def provenance_row(run_dir: Path, row: dict) -> dict:
             **{f"{k}": v for k, v in p.get("packages", {}).items()},
             "cuda": devices.get("torch_cuda"), "rocm": devices.get("torch_hip"),
             "devices": f"{devices.get('device_count', 0)} x {names}", **machine_columns(p.get("machine") or {}),
+            "rank_cpu_threads": p.get("rank_cpu_threads"),  # absent where no rank trained
             "host": p.get("host"), "container": p.get("container"), **image_columns(p.get("image")),
             "slurm_job_id": p.get("slurm_job_id"),
             "start_unix": p.get("start_unix"), "end_unix": p.get("end_unix"),

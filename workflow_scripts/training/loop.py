@@ -339,7 +339,8 @@ def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_
         summary = run_summary(run, rows, val_losses, memory)
         summary["resumed_from_step"] = resumed_from
         summary["checkpoint_fallback"] = fallback  # a damaged checkpoint skipped on resume: which, and why
-        summary[provenance.TORCH_FACTS] = provenance.torch_facts()  # read here, where torch is imported already
+        # read here, where torch is imported already; with the CPU threads the rank ran its host work on
+        summary[provenance.TORCH_FACTS] = {**provenance.torch_facts(), "rank_cpu_threads": torch.get_num_threads()}
         write_metrics(run.out_dir / C.METRICS, rows)
         (run.out_dir / C.TRAIN_SUMMARY).write_text(json.dumps(summary, indent=2))
     dist.barrier()
