@@ -228,3 +228,80 @@ def test_the_run_spec_carries_the_models_source_and_its_config_hash(tmp_path, mo
     M.register_from(again.to_dict())
     assert M.own_models() == {"my-gpt2": path}
     assert "model_source" not in study.resolve(config, "gpt2-tiny", "ddp", 2, 0, {}, **kw).to_dict()
+
+
+def test_a_run_fine_tunes_from_a_local_directory_of_weights(token_data, tmp_path):
+    """A tiny GPT-2 saved by the test (save_pretrained, trained weights: not an initialisation) as `pretrained`:
+    the run starts from those weights (its first step's loss and its initial validation loss are that model's on
+    the same rows, worked out here with transformers), not from a random initialisation, and says so."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import torch
+    from conftest import launch_spec
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    manifest = json.loads(open(token_data["manifest"]).read())
+    torch.manual_seed(3)
+    saved = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=manifest["vocab_size"],
+                                       n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    train, val = np.load(token_data["train"]), np.load(token_data["val"])
+    opt = torch.optim.AdamW(saved.parameters(), lr=3e-3)
+    for i in range(20):  # a few steps: weights no initialisation gives
+        x = torch.from_numpy(train[i * 8:(i + 1) * 8].astype(np.int64))
+        saved(input_ids=x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    saved.save_pretrained(tmp_path / "weights")
+    saved.eval()
+    seed, micro = 7, 4
+    first = np.sort(np.random.default_rng(seed).permutation(len(train))[:micro])  # step 0's rows (Batches)
+    with torch.no_grad():
+        x = torch.from_numpy(train[first].astype(np.int64))
+        first_loss = saved(input_ids=x, labels=x).loss.item()
+        v = torch.from_numpy(val[:2 * micro].astype(np.int64))  # eval_batches 2 of the micro-batch, in order
+        val_loss = saved(input_ids=v, labels=v).loss.item()
+
+    spec = launch_spec(token_data, tmp_path, "ft", world_size=1, pretrained=str(tmp_path / "weights"),
+                       train={"seed": seed, "micro_batch_size": micro, "max_steps": 4})
+    done = subprocess.run([sys.executable, "-m", "workflow_scripts.job.launch", "--spec", str(spec)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "ft/out/summary.json").read_text())
+    assert summary["initial_loss"] == pytest.approx(first_loss, abs=1e-4)
+    assert summary["val_loss_initial"] == pytest.approx(val_loss, abs=1e-4)
+    assert first_loss < np.log(manifest["vocab_size"]) - 0.5  # a random initialisation starts near ln(vocab)
+
+
+def test_pretrained_weights_this_machine_cannot_load_are_one_error_and_weights_random_records_them(tmp_path,
+                                                                                                   monkeypatch):
+    """`pretrained` names weights the machine has not got (a hub id offline and not cached; a directory that is
+    not there): one error each, naming the model, the source and the way out, before any job. With `weights:
+    random` the same study is accepted and each run of a model that names weights starts at random, its spec's
+    substitutions saying which weights it did not load; a model without `pretrained` records nothing new."""
+    import huggingface_hub.constants
+
+    from workflow_scripts import study
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # nothing cached
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    missing = str(tmp_path / "no-weights-here")
+    named = {"pretrained": {"gpt2-tiny": "nobody/tiny-weights", "gpt2-mini": missing}}
+    found = check(study_config(models=["gpt2-tiny", "gpt2-mini", "qwen2-tiny"], strategies=["ddp"], **named))
+    lines = found.splitlines()[1:]
+    assert len(lines) == 2, found
+    assert lines[0].strip().startswith(f"pretrained.gpt2-mini: {missing!r} does not exist; ")
+    assert lines[1].strip().startswith("pretrained.gpt2-tiny: 'nobody/tiny-weights' is not in the local Hugging "
+                                       "Face cache and the hub is offline (HF_HUB_OFFLINE)")
+    assert all("weights: random (studies/offline_gpu.yaml)" in line for line in lines)
+
+    config = study_config(models=["gpt2-tiny", "gpt2-mini", "qwen2-tiny"], strategies=["ddp"], weights="random",
+                          substitutions=["corpus: offline"], **named)
+    assert check(config) == ""
+    specs = {m: study.resolve(config, m, "ddp", 1, 0, {}, "o", "w", []) for m in ("gpt2-tiny", "qwen2-tiny")}
+    assert specs["gpt2-tiny"].pretrained is None and specs["gpt2-tiny"].substitutions == [
+        "corpus: offline", "weights: random initialisation instead of the pretrained nobody/tiny-weights "
+                           "(weights: random)"]
+    assert specs["qwen2-tiny"].pretrained is None and specs["qwen2-tiny"].substitutions == ["corpus: offline"]

@@ -116,9 +116,9 @@ def provenance_types(packages) -> dict:
     return {"run_id": TEXT, "status": TEXT, "git_commit": TEXT, "git_dirty": BOOL, "config_hash": TEXT,
             **dict.fromkeys(packages, TEXT),
             "cuda": TEXT, "rocm": TEXT, "devices": TEXT, "cpu_model": TEXT, "driver": TEXT, "nccl": TEXT,
-            "sm_clock_max_mhz": TEXT, "power_limit_w": TEXT, "rank_cpu_threads": INT, "host": TEXT, "container": TEXT, "image_digest": TEXT,
-            "image_recipe_commit": TEXT, "image_recipe_dirty": BOOL, "slurm_job_id": TEXT, "start_unix": FLOAT,
-            "end_unix": FLOAT, "substitutions": TEXT, "settings": TEXT}
+            "sm_clock_max_mhz": TEXT, "power_limit_w": TEXT, "rank_cpu_threads": INT, "host": TEXT,
+            "container": TEXT, "image_digest": TEXT, "image_recipe_commit": TEXT, "image_recipe_dirty": BOOL,
+            "slurm_job_id": TEXT, "start_unix": FLOAT, "end_unix": FLOAT, "substitutions": TEXT, "settings": TEXT}
 
 
 def layout_key(layout, world_size) -> str:

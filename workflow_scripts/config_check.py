@@ -69,7 +69,8 @@ def problems(config: dict, devices: int | None = None, planning: bool = False) -
              + sizes + data_problems(config) + bench_problems(config)
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
              + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config)
-             + auto_levers_problems(config) + compiled_zero3_problems(config) + profile_problems(config))
+             + auto_levers_problems(config) + compiled_zero3_problems(config) + profile_problems(config)
+             + ([] if planning else pretrained_problems(config)))  # a plan loads no weights
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
 
 
@@ -253,9 +254,45 @@ def name_problems(config: dict) -> list[str]:
             continue  # said by own_model_problems
         if model not in MODELS:
             out.append(f"pretrained.{model}: unknown model")
-        elif _is_local(str(path)) and not os.path.exists(path):
-            out.append(f"pretrained.{model}: {path!r} does not exist")
+        elif _is_local(str(path)) and not os.path.exists(path) and config.get("weights", "pretrained") == "pretrained":
+            out.append(f"pretrained.{model}: {path!r} does not exist; {WITHOUT_WEIGHTS}")
     return out
+
+
+WITHOUT_WEIGHTS = ("on a machine without the weights, weights: random (studies/offline_gpu.yaml) starts from a random "
+                   "initialisation, recorded as a substitution in every run")
+
+
+def pretrained_problems(config: dict) -> list[str]:
+    """The hub ids in `pretrained` of the study's own models that this machine cannot load (weights: pretrained)."""
+    if config.get("weights", "pretrained") != "pretrained":
+        return []
+    out = []
+    for model in study.all_names(config, "models"):
+        source = config.get("pretrained", {}).get(model)
+        if source is None or _is_local(str(source)):
+            continue  # a local directory: name_problems
+        why = hub_unreadable(str(source))
+        if why:
+            out.append(f"pretrained.{model}: {source!r} {why}; download it once and name its directory, or, "
+                       f"{WITHOUT_WEIGHTS}")
+    return out
+
+
+def hub_unreadable(repo: str) -> str | None:
+    """Why a hub model's weights cannot be loaded here (None where they can): not in the local Hugging Face cache and
+    the hub offline (HF_HUB_OFFLINE) or not answering for it."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return "is not in the local Hugging Face cache and the hub is offline (HF_HUB_OFFLINE)"
+    try:
+        HfApi().model_info(repo, timeout=10)
+    except Exception as exc:  # no network, no such id, a gated model without a token: each refuses the same way
+        return f"is not in the local Hugging Face cache and the hub does not give it ({type(exc).__name__})"
+    return None
 
 
 def option_problems(strategy, options) -> list[str]:

@@ -141,13 +141,14 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
                  "gpu_memory_gib": plan["gpu_memory_gib"], "headroom_gib": plan["headroom_gib"]}
     if config["profile"].get("enabled"):  # only then: a spec without traces stays what it was
         profile = config["profile"]
+    weights, subs = initial_weights(config, model)
     spec = RunSpec(
         run_id=f"{model}__{strategy}__{layout.key}__r{repeat}", study=config["study"], model=model,
         strategy=strategy, world_size=layout.world_size, layout=layout.degrees(), repeat=int(repeat),
         nodes=config["nodes"], platform=config["platform"],
         precision=overrides.get("precision", config["train"]["precision"]), train=train, options=options,
-        pretrained=config["pretrained"].get(model), model_overrides=config["model_overrides"].get(model, {}),
-        sampler=config["sampler"], substitutions=config["substitutions"], data=data_paths(config), ops=list(ops),
+        pretrained=weights, model_overrides=config["model_overrides"].get(model, {}),
+        sampler=config["sampler"], substitutions=subs, data=data_paths(config), ops=list(ops),
         out_dir=out_dir, work_dir=work_dir, memory_guard=guard, profile=profile,
         trace_dir=trace_dir(config, model, strategy, layout.key, repeat) if profile else None,
         batch={"micro_batch": micro, "accum": accum}, model_source=model_source(model))
@@ -155,6 +156,16 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
         spec = spec.replace(train={**replay.decisions(spec, auto, against), "seed": train["seed"]})
     return spec
+
+
+def initial_weights(config: dict, model: str) -> tuple[str | None, list[str]]:
+    """The weights a run of `model` starts from (its `pretrained` source, None for a random initialisation) and the
+    run's substitutions: the study's, and with `weights: random` the pretrained weights it does not load."""
+    named = config["pretrained"].get(model)
+    if named is None or config["weights"] == "pretrained":
+        return named, list(config["substitutions"])
+    return None, [*config["substitutions"],
+                  f"weights: random initialisation instead of the pretrained {named} (weights: random)"]
 
 
 def model_source(model: str) -> dict | None:
