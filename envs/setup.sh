@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The one setup step: system libraries, then the pinned Python environment (envs/requirements.txt).
 #   bash envs/setup.sh            (as root on Debian/Ubuntu; elsewhere install libaio-dev yourself)
-#   bash envs/setup.sh --tests    (also slurm-wlm + munge: the real single-node SLURM cluster of tests/test_slurm.py)
+#   bash envs/setup.sh --trackers (also W&B and MLflow for config `trackers`: envs/requirements-trackers.txt)
+#   bash envs/setup.sh --tests    (also slurm-wlm + munge: the real single-node SLURM cluster of tests/test_slurm.py;
+#                                 and the trackers, which the suite writes to)
 #   bash envs/setup.sh --tests --containers   (also podman, runc, debootstrap, bubblewrap: building the CPU image
 #                                 and running jobs in it, tests/test_image.py)
 # torch is installed first, alone, so that pip takes the pinned CPU build and DeepSpeed builds against it.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 packages="libaio-dev"  # DeepSpeed's async_io op (ZeRO-Infinity NVMe offload)
+trackers=0
 for flag in "$@"; do
   case "$flag" in
-    --tests) packages="$packages slurm-wlm munge" ;;
+    --tests) packages="$packages slurm-wlm munge"; trackers=1 ;;
     --containers) packages="$packages podman runc debootstrap bubblewrap" ;;
-    *) echo "setup.sh: unknown option $flag (--tests, --containers)" >&2; exit 2 ;;
+    --trackers) trackers=1 ;;
+    *) echo "setup.sh: unknown option $flag (--tests, --containers, --trackers)" >&2; exit 2 ;;
   esac
 done
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
@@ -41,6 +45,9 @@ ops=$!
 python3 -m pip install -q --no-compile -r <(grep -v '# no-deps$' "$here/requirements.txt")
 # shellcheck disable=SC2046
 python3 -m pip install -q --no-compile --no-deps $(grep '# no-deps$' "$here/requirements.txt" | cut -d' ' -f1)
+if [ "$trackers" = 1 ]; then  # their shared dependencies held at requirements.txt's pins
+  python3 -m pip install -q --no-compile -c "$here/requirements.txt" -r "$here/requirements-trackers.txt"
+fi
 # bytecode written explicitly (an environment with PYTHONDONTWRITEBYTECODE, or a later user who may not write here,
 # would otherwise compile every module again in every process); as pip, a file that does not compile (another
 # Python's syntax, a template) is left as it is

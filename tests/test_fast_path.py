@@ -13,7 +13,7 @@ def config(platform: str, **train) -> dict:
             "train": {"precision": "bf16-mixed", "seed": 1, "micro_batch_size": 16, "grad_accum": 1,
                       "compile_blocks": "auto", "compile_loss": "auto", **train},
             "strategy_options": {}, "pretrained": {}, "model_overrides": {}, "sampler": {}, "substitutions": [],
-            "plan": {}, "profile": {}}
+            "plan": {}, "profile": {}, "trackers": [], "weights": "pretrained"}
 
 
 def levers(platform: str, model="gpt2-medium", layout: Layout | int = 1, strategy="fsdp", **train) -> dict:

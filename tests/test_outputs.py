@@ -1,12 +1,13 @@
-"""Paper-grade outputs: repeats with confidence intervals, TensorBoard events, provenance without secrets, the
+"""Paper-grade outputs: repeats with confidence intervals, the trackers' runs, provenance without secrets, the
 report, and regeneration (a figure-only edit reruns figures and never a training job)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import overlay, reuse_calibration, snakemake
+from conftest import REPO, overlay, reuse_calibration, snakemake
 
 SECRETS = {"HF_TOKEN": "hf_" + "s3cretvalue" * 4, "WANDB_API_KEY": "wandbkey" * 5}
 
@@ -17,7 +18,7 @@ REPEATS = {"results_dir": "results/repeats", "work_dir": "work/repeats", "strate
            "groups": [{"models": ["gpt2-tiny"], "strategies": ["ddp"], "world_sizes": [2]},
                       {"models": ["gpt2-tiny"], "strategies": ["fsdp"], "world_sizes": [2],
                        "train": {"compile_blocks": False, "compile_loss": False}}],
-           "train": {"max_steps": 8, "tensorboard": True},
+           "train": {"max_steps": 8}, "trackers": ["tensorboard", "wandb", "mlflow"],
            "auto_levers": {"by": "measurement", "candidates": ["eager", "loss", "model_graphs"], "steps": 2,
                            "cache": "work/lever_decisions"}}  # this study's own: its first trial measures
 MEASURED = ["ddp"]
@@ -25,7 +26,7 @@ MEASURED = ["ddp"]
 
 @pytest.fixture(scope="module")
 def repeated(default_study):
-    """ddp and fsdp, two repeats each, ddp's `auto` levers measured, TensorBoard on, secrets in the environment."""
+    """ddp and fsdp, two repeats each, ddp's `auto` levers measured, every tracker on, secrets in the environment."""
     reuse_calibration(default_study, REPEATS["results_dir"])
     snakemake(default_study, *overlay(default_study, "repeats", **REPEATS), env=SECRETS, report=True)
     return default_study / "results/repeats"
@@ -112,15 +113,72 @@ def test_provenance_is_complete_and_has_no_secrets(repeated):
     assert len(prov) == 4 and prov.torch.notna().all()
 
 
-def test_tensorboard_events_hold_the_loss_curve(repeated):
+def wandb_history(path: Path) -> list[dict]:
+    """The history rows of an offline W&B run file (run-<id>.wandb): a 7-byte header (":W&B", magic, version),
+    then 32 KiB blocks of records, each a 7-byte header (CRC32, length, kind: 1 whole, 2 first, 3 middle, 4 last
+    part) and a protobuf Record; a history item's name is its key, or its nested key's parts ("train", "loss")."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    raw, pos, block, part, rows = path.read_bytes(), 7, 32768, b"", []
+    assert raw[:4] == b":W&B"
+    while pos + 7 <= len(raw):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if kind == 0:  # a block's zero padding
+            pos += left
+            continue
+        data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
+        part = data if kind in (1, 2) else part + data
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(part)
+            if record.WhichOneof("record_type") == "history":
+                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+    return rows
+
+
+def test_every_tracker_holds_the_runs_scalars_and_provenance_names_its_run(repeated, monkeypatch):
+    """TensorBoard events, the offline W&B run and the MLflow file store each hold every step's loss and learning
+    rate as metrics.csv has them, and the final validation loss; the run's provenance names each tracker's run."""
+    from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = repeated / "runs/gpt2-tiny/ddp/ws2/r0"
-    acc = EventAccumulator(str(run / "tensorboard"))
-    acc.Reload()
-    losses = [e.value for e in acc.Scalars("train/loss")]
     steps = pd.read_csv(run / "metrics.csv")
-    assert losses == pytest.approx(steps.loss.tolist(), rel=1e-5)
+    summary = json.loads((run / "summary.json").read_text())
+    tracked = json.loads((run / "provenance.json").read_text())["trackers"]
+    assert set(tracked) == {"tensorboard", "wandb", "mlflow"} and tracked["wandb"]["mode"] == "offline"
+
+    acc = EventAccumulator(str(run / tracked["tensorboard"]["dir"]))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(steps.loss.tolist(), rel=1e-5)
+    assert [e.step for e in acc.Scalars("train/learning_rate")] == steps.step.tolist()
+
+    (history,) = (run / tracked["wandb"]["dir"]).glob(f"run-{tracked['wandb']['run_id']}.wandb")
+    rows = wandb_history(history)
+    assert [r["train/loss"] for r in rows] == pytest.approx(steps.loss.tolist())
+    assert [r["train/learning_rate"] for r in rows] == pytest.approx(steps.lr.tolist())
+    assert rows[-1]["val/loss"] == pytest.approx(summary["val_loss_final"])
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # as for `mlflow ui`: MLflow's file store is in maintenance
+    client = MlflowClient(tracking_uri=(run / tracked["mlflow"]["dir"]).resolve().as_uri())
+    history = client.get_metric_history(tracked["mlflow"]["run_id"], "train/loss")
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(steps.loss.tolist())
+    (val,) = client.get_metric_history(tracked["mlflow"]["run_id"], "val/loss")
+    assert val.value == pytest.approx(summary["val_loss_final"])
+
+
+def test_a_study_without_trackers_imports_none_of_them():
+    """The training loop imports no tracker's package until a study names it."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, workflow_scripts.training.loop; "
+             "print([m for m in ('wandb', 'mlflow', 'torch.utils.tensorboard') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_report_holds_figures_tables_and_provenance(repeated):
@@ -174,3 +232,12 @@ def test_studies_with_the_same_data_settings_share_the_prepared_data(default_stu
                                "-n", "--quiet", "rules"))
     assert other.get("tokenize") == 1 and other.get("corpus") == 1, other
     assert sorted((wd / "work/data").iterdir()) == prepared  # planned only: no folder made or touched
+
+
+def test_a_tracker_named_but_not_installed_is_one_error_naming_its_package_and_the_setup_flag(monkeypatch):
+    from workflow_scripts.training import trackers
+
+    monkeypatch.setitem(trackers.PACKAGES, "wandb", "no_such_tracker_package")
+    assert trackers.missing(["tensorboard", "wandb"]) == [
+        "trackers: wandb needs the Python package 'no_such_tracker_package', not installed here: "
+        "bash envs/setup.sh --trackers (envs/requirements-trackers.txt)"]

@@ -41,8 +41,9 @@ ERROR_MARKER = "error_rank{rank}.json"  # a rank's failure and when: the launche
 # itself counts by its manifest): which checkpoint a run may resume (training/checkpoint.resume_hash) and what a
 # verification rerun compares (replay.settings)
 SPEC_NOT_SETTINGS = ("run_id", "study", "out_dir", "work_dir", "sampler", "ops", "torch_extensions_dir",
-                     "substitutions", "profile", "trace_dir", "memory_guard", "data", "variant")
-TRAIN_NOT_SETTINGS = ("log_every", "checkpoint_every", "tensorboard", "fault_injection",
+                     "substitutions", "profile", "trace_dir", "memory_guard", "data", "variant", "trackers")
+TRAIN_NOT_SETTINGS = ("log_every", "checkpoint_every", "fault_injection",
+                      "tensorboard",  # a TensorBoard switch a committed run spec may carry (now config trackers)
                       "compile_auto",  # why auto decided: prose; the decided compile_blocks/compile_loss count
                       "lever_trial")  # where a measured decision was read: the decided levers count
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from workflow_scripts import study
 from workflow_scripts.schema import did_you_mean, filled, unknown_key
 from workflow_scripts.training import models as own
+from workflow_scripts.training import trackers
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.training.parallel import model_problems, run_problems, unimplemented
@@ -70,7 +71,7 @@ def problems(config: dict, devices: int | None = None, planning: bool = False) -
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
              + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config)
              + auto_levers_problems(config) + compiled_zero3_problems(config) + profile_problems(config)
-             + ([] if planning else pretrained_problems(config)))  # a plan loads no weights
+             + ([] if planning else pretrained_problems(config) + trackers.missing(config.get("trackers", []))))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
 
 

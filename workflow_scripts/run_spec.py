@@ -19,7 +19,7 @@ from pathlib import Path
 
 SCHEMA_VERSION = 1
 # written only where set: a run without traces, a memory guard or a variant has a spec without those keys
-OPTIONAL = ("memory_guard", "profile", "trace_dir", "variant", "torch_extensions_dir", "model_source")
+OPTIONAL = ("memory_guard", "profile", "trace_dir", "variant", "torch_extensions_dir", "model_source", "trackers")
 
 
 class RunSpecError(ValueError):
@@ -58,6 +58,7 @@ class RunSpec(Mapping):
     # a study's own model (training/models.py own_spec): {"source": its directory or hub id, "config_sha256": of
     # its config.json, None for a hub id}; so an edited config.json is another spec (rerun, never resumed)
     model_source: dict | None = None
+    trackers: list | None = None  # config trackers: where rank 0 logs its scalars besides metrics.csv
 
     # ---------------------------------------------------------------- what readers ask
     @property

@@ -151,7 +151,8 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
         sampler=config["sampler"], substitutions=subs, data=data_paths(config), ops=list(ops),
         out_dir=out_dir, work_dir=work_dir, memory_guard=guard, profile=profile,
         trace_dir=trace_dir(config, model, strategy, layout.key, repeat) if profile else None,
-        batch={"micro_batch": micro, "accum": accum}, model_source=model_source(model))
+        batch={"micro_batch": micro, "accum": accum}, model_source=model_source(model),
+        trackers=list(config["trackers"]) or None)
     against = (config.get("verify") or {}).get("against")
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
         spec = spec.replace(train={**replay.decisions(spec, auto, against), "seed": train["seed"]})
@@ -222,7 +223,7 @@ def lever_trial_root(config: dict, model: str, strategy: str, layout: str) -> st
 # train settings that leave a step's speed as it is: a cached lever decision holds across them (the levers
 # themselves are the candidates')
 NOT_SHAPE = ("seed", "epochs", "max_steps", "max_train_samples", "lr", "min_lr", "lr_warmup_steps", "weight_decay",
-             "betas", "eps", "timing_warmup_steps", "log_every", "eval_batches", "checkpoint_every", "tensorboard",
+             "betas", "eps", "timing_warmup_steps", "log_every", "eval_batches", "checkpoint_every",
              "fault_injection", "micro_batch_size", "grad_accum", "compile_auto", "lever_trial", *levers.TRIAL_KEYS)
 
 

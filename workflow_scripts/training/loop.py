@@ -50,6 +50,8 @@ from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.strategies import get as get_strategy
 from workflow_scripts.training.strategies.base import Strategy
 from workflow_scripts.training.strategies.engine import Engine
+from workflow_scripts.training.trackers import Trackers
+from workflow_scripts.units import GIB
 
 
 def lr_at(step: int, t: dict, total_steps: int) -> float:
@@ -179,11 +181,12 @@ class StepLog:
         self.pending: list[dict] = []
         self.prev_end = None
         self.t_start = time.time()
-        self.board = None
-        if run.t.get("tensorboard") and run.ctx.rank == 0:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.board = SummaryWriter(str(run.out_dir / "tensorboard"))
+        self.trackers = None  # rank 0's (config trackers): nothing imported where the study names none
+        if run.spec.get("trackers") and run.ctx.rank == 0:
+            self.trackers = Trackers(run.spec["trackers"], run.out_dir, run.spec["run_id"], run.spec["study"],
+                                     {"model": run.spec["model"], "strategy": run.spec["strategy"],
+                                      "layout": run.spec["layout"], "precision": run.spec["precision"],
+                                      "batch": run.spec["batch"], "train": run.t})
 
     def add(self, step: int, loss: torch.Tensor, lr: float, marks: dict) -> None:
         self.pending.append({"step": step, "loss": loss, "lr": lr, "marks": marks, "wall": time.time()})
@@ -202,11 +205,13 @@ class StepLog:
         losses = (losses / run.ctx.world_size).tolist()
         for p, loss in zip(self.pending, losses):
             self.rows.append(self._row(p, loss))
-        if self.board is not None:
+        if self.trackers is not None:
+            memory = device_memory(run.ctx.device)
             for r in self.rows[-len(self.pending):]:
-                for key in ("loss", "lr", "step_time_s"):
-                    self.board.add_scalar(f"train/{key}", r[key], r["step"])
-            self.board.flush()
+                self.trackers.log(r["step"], {**{k: r[k] for k in ("loss", "lr", "step_time_s", "forward_s",
+                                                                    "backward_s", "optimizer_s")},
+                                              "tokens_per_s": r["tokens"] / r["step_time_s"], **memory})
+            self.trackers.flush()
         if run.ctx.rank == 0:
             r = self.rows[-1]
             print(f"step {r['step']}: loss {r['loss']:.4f}, lr {r['lr']:.2e}, step {1000 * r['step_time_s']:.1f}ms, "
@@ -228,9 +233,17 @@ class StepLog:
                 "wall_s": p["wall"] - self.t_start}
 
     def close(self, val_final: float) -> None:
-        if self.board is not None:
-            self.board.add_scalar("val/loss", val_final, self.run.total_steps)
-            self.board.close()
+        if self.trackers is not None:
+            self.trackers.log(self.run.total_steps, {"val_loss": val_final})
+            self.trackers.close()
+
+
+def device_memory(device) -> dict:
+    """The allocator's memory now, in GiB, for the trackers (a GPU's; none on the CPU)."""
+    if device.type != "cuda":
+        return {}
+    return {"allocated_gib": torch.cuda.memory_allocated(device) / GIB,
+            "reserved_gib": torch.cuda.memory_reserved(device) / GIB}
 
 
 # ---------------------------------------------------------------- the run
@@ -305,7 +318,8 @@ def train(spec: dict) -> dict | None:
         run.accuracy["final"] = vision.accuracy(engine, run.val, ctx, run.eval_samples)
     log.close(val_final)
     clock.mark("evaluate_final")
-    return finish(run, log.rows, (val_initial, val_final), resumed_from, fallback)
+    return finish(run, log.rows, (val_initial, val_final), resumed_from, fallback,
+                  tracked=log.trackers.facts() if log.trackers is not None else None)
 
 
 def inject_faults(faults: dict, step: int, rank: int) -> None:
@@ -331,8 +345,9 @@ def gather_memory(ctx: RunContext) -> list[list[float]]:
 
 
 def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_from: int | None,
-           fallback: str | None = None) -> dict | None:
-    """Gather memory, write metrics.csv and train_summary.json (rank 0), drop the run's checkpoints."""
+           fallback: str | None = None, tracked: dict | None = None) -> dict | None:
+    """Gather memory, write metrics.csv and train_summary.json (rank 0), drop the run's checkpoints. `tracked`:
+    the trackers' run ids and folders (rank 0), for provenance."""
     memory = gather_memory(run.ctx)
     summary = None
     if run.ctx.rank == 0:
@@ -340,7 +355,8 @@ def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_
         summary["resumed_from_step"] = resumed_from
         summary["checkpoint_fallback"] = fallback  # a damaged checkpoint skipped on resume: which, and why
         # read here, where torch is imported already; with the CPU threads the rank ran its host work on
-        summary[provenance.TORCH_FACTS] = {**provenance.torch_facts(), "rank_cpu_threads": torch.get_num_threads()}
+        summary[provenance.TORCH_FACTS] = {**provenance.torch_facts(), "rank_cpu_threads": torch.get_num_threads(),
+                                           **({"trackers": tracked} if tracked else {})}
         write_metrics(run.out_dir / C.METRICS, rows)
         (run.out_dir / C.TRAIN_SUMMARY).write_text(json.dumps(summary, indent=2))
     dist.barrier()
