@@ -6,7 +6,7 @@ plan.scale (plan/fabric.py) at the rates of plan.calibration (plan/step_time.py)
 candidate) and scale.md (the assumptions, then per model and GPU count the fastest layout of each kind); the rule
 then draws scale.png from scale.csv (workflow_scripts/report/scale_figure.py).
 
-    snakemake --cores 1 scale --configfile studies/parallelism.yaml studies/gpu/scale_h200.yaml
+    snakemake --cores 1 scale --configfile studies/parallelism.yaml studies/scale/h200_nodes.yaml
 
 Pipeline candidates run max(train.grad_accum, pp) micro-batches per step (the fewest the schedule takes); every
 candidate keeps its micro-batch per GPU as the GPU count grows (weak scaling: the global batch grows with dp).
