@@ -293,8 +293,8 @@ def test_pretrained_weights_this_machine_cannot_load_are_one_error_and_weights_r
     lines = found.splitlines()[1:]
     assert len(lines) == 2, found
     assert lines[0].strip().startswith(f"pretrained.gpt2-mini: {missing!r} does not exist; ")
-    assert lines[1].strip().startswith("pretrained.gpt2-tiny: 'nobody/tiny-weights' is not in the local Hugging "
-                                       "Face cache and the hub is offline (HF_HUB_OFFLINE)")
+    assert lines[1].strip().startswith("'pretrained.gpt2-tiny: nobody/tiny-weights': its config cannot be read (a "
+                                       "hub id: not in the Hugging Face cache, nor downloadable)")
     assert all("weights: random (studies/offline_gpu.yaml)" in line for line in lines)
 
     config = study_config(models=["gpt2-tiny", "gpt2-mini", "qwen2-tiny"], strategies=["ddp"], weights="random",

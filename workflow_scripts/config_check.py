@@ -273,27 +273,11 @@ def pretrained_problems(config: dict) -> list[str]:
         source = config.get("pretrained", {}).get(model)
         if source is None or _is_local(str(source)):
             continue  # a local directory: name_problems
-        why = hub_unreadable(str(source))
-        if why:
-            out.append(f"pretrained.{model}: {source!r} {why}; download it once and name its directory, or, "
-                       f"{WITHOUT_WEIGHTS}")
+        try:  # as a study's own model is read: the Hugging Face cache first, then the hub
+            own.read_config(str(source), f"pretrained.{model}: {source}")
+        except own.ModelSourceError as exc:
+            out.append(f"{exc}; download it once and name its directory, or, {WITHOUT_WEIGHTS}")
     return out
-
-
-def hub_unreadable(repo: str) -> str | None:
-    """Why a hub model's weights cannot be loaded here (None where they can): not in the local Hugging Face cache and
-    the hub offline (HF_HUB_OFFLINE) or not answering for it."""
-    from huggingface_hub import HfApi, constants, try_to_load_from_cache
-
-    if isinstance(try_to_load_from_cache(repo, "config.json"), str):
-        return None
-    if constants.HF_HUB_OFFLINE:
-        return "is not in the local Hugging Face cache and the hub is offline (HF_HUB_OFFLINE)"
-    try:
-        HfApi().model_info(repo, timeout=10)
-    except Exception as exc:  # no network, no such id, a gated model without a token: each refuses the same way
-        return f"is not in the local Hugging Face cache and the hub does not give it ({type(exc).__name__})"
-    return None
 
 
 def option_problems(strategy, options) -> list[str]:
