@@ -3,7 +3,8 @@
 # it: a lent machine released between two commands takes its /tmp with it, and this keeps everything up to the
 # last poll. RESULTS: the study's results folder; WORK: its work_dir (the lever trials' candidates: their summaries,
 # metrics and launch logs only, not checkpoints or scratch).
-# CHECKOUT: the copy the study runs in (default: here).
+# CHECKOUT: the copy the study runs in (default: here). PIPELINE_CACHE: the study's machine cache, whose lever
+# decisions are packed as lever_decisions.tgz (carried back as .lever_decisions/, they seed a later lease's cache).
 #   OUT=$OUT RESULTS=/tmp/gpu/tutorial WORK=/tmp/gpu/work CHECKOUT=/tmp/gpu/repo bash tools/gpu_snapshot.sh
 set -uo pipefail
 OUT="${OUT:?}"; mkdir -p "$OUT"
@@ -11,6 +12,9 @@ OUT="${OUT:?}"; mkdir -p "$OUT"
 if [ -n "${WORK:-}" ] && [ -d "$WORK/lever_trial" ]; then
   (cd "$WORK" && find lever_trial \( -name summary.json -o -name metrics.csv -o -name launch.log \) -print0 \
     | tar czf "$OUT/lever_trial.tgz" --null -T -)
+fi
+if [ -n "${PIPELINE_CACHE:-}" ] && [ -d "$PIPELINE_CACHE/lever_decisions" ]; then
+  tar czf "$OUT/lever_decisions.tgz" -C "$PIPELINE_CACHE" lever_decisions
 fi
 # Snakemake's own log of the running study (gpu_session.sh writes its tail only at the end), in the checkout it runs in
 log="$(ls -t "${CHECKOUT:-$PWD}"/.snakemake/log/*.snakemake.log 2>/dev/null | head -n 1)"
