@@ -24,6 +24,7 @@ else:
 
 
 include: "rules/data_manifests.smk"
+include: "rules/random_init.smk"
 include: "rules/calibrate.smk"
 include: "rules/train.smk"
 include: "rules/parse.smk"

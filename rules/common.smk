@@ -75,6 +75,18 @@ AS_PUBLISHED = f"{R}/as_published"
 AS_PUBLISHED_RUN = f"{AS_PUBLISHED}/{columns.RUN_DIR}"
 
 
+# every random initialisation the study's runs start from (the random_init stage): {folder: recipe}
+RANDOM_INITS = study.random_inits(
+    config,
+    [
+        (m, overrides, r)
+        for runs in (RUNS, PUBLISHED_RUNS)
+        for (m, _, _), overrides in runs.items()
+        for r in range(config["repeats"])
+    ],
+)
+
+
 def published_run_dirs():
     return [
         AS_PUBLISHED_RUN.format(model=m, strategy=s, layout=k, repeat=r)
@@ -186,6 +198,11 @@ def run_spec(wildcards):
     return spec_file(fair_spec(wildcards).to_json(sort_keys=True))
 
 
+def random_init_of(spec):
+    """The random initialisation folder a run spec loads (made by the random_init stage), if any: a job's input."""
+    return spec.random_init or []
+
+
 def lever_trial_of(wildcards):
     """The lever trial a run reads its `auto` levers from (measured: config auto_levers.by, levers.decided_by), if
     any: the run spec names it, so a replayed or forced decision needs none."""
@@ -223,9 +240,9 @@ def lever_trial_plan(wildcards):
     return spec_file(json.dumps({**plan, "specs": specs}, sort_keys=True))
 
 
-def published_run_spec(wildcards):
-    """The as-published run's spec file: the fair run's, with the publication's own settings for the strategy;
-    traces belong to the fair rows."""
+def published_spec(wildcards):
+    """The as-published run's spec: the fair run's, with the publication's own settings for the strategy; traces
+    belong to the fair rows."""
     w = wildcards
     spec = spec_of(
         w,
@@ -233,8 +250,12 @@ def published_run_spec(wildcards):
         AS_PUBLISHED_RUN,
         f"{W}/as_published",
     )
-    spec = spec.replace(profile=None, trace_dir=None, variant="as_published")
-    return spec_file(spec.to_json(sort_keys=True))
+    return spec.replace(profile=None, trace_dir=None, variant="as_published")
+
+
+def published_run_spec(wildcards):
+    """The as-published run's spec file."""
+    return spec_file(published_spec(wildcards).to_json(sort_keys=True))
 
 
 def train_threads(wildcards):

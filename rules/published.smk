@@ -4,6 +4,14 @@
 
 
 use rule train as train_as_published with:
+    input:
+        train=DATA["train"],
+        val=DATA["val"],
+        manifest=DATA["manifest"],
+        ops=ops_for,
+        calibration=ancient(f"{R}/{columns.CALIBRATION}"),
+        lever_trial=lever_trial_of,
+        random_init=lambda w: random_init_of(published_spec(w)),
     output:
         summary=f"{AS_PUBLISHED_RUN}/summary.json",
         metrics=f"{AS_PUBLISHED_RUN}/metrics.csv",

@@ -25,6 +25,7 @@ rule lever_trial:
         val=DATA["val"],
         manifest=DATA["manifest"],
         ops=ops_for,
+        random_init=lambda w: random_init_of(fair_spec(RunWildcards(**w, repeat="0"))),
     output:
         f"{R}/{columns.LEVER_TRIAL}",
     log:
@@ -49,6 +50,7 @@ rule train:
         ops=ops_for,
         calibration=ancient(f"{R}/{columns.CALIBRATION}"),
         lever_trial=lever_trial_of,
+        random_init=lambda w: random_init_of(fair_spec(w)),
     output:
         **({"traces": directory(TRACES)} if PROFILE else {}),
         summary=f"{RUN}/summary.json",

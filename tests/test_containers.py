@@ -419,7 +419,7 @@ def cuda_profile_run(standin, tmp_path_factory):
 def test_every_job_runs_in_the_platform_image_with_the_profiles_flags(cuda_profile_run):
     wd, image, log, calls = cuda_profile_run
     jobs = [rule for rule in re.findall(r"^localrule (\w+):", log, re.M) if rule != "all"]
-    assert len(jobs) == 11 and len(calls) == len(jobs), (jobs, [c["command"][-1][:60] for c in calls])
+    assert len(jobs) == 12 and len(calls) == len(jobs), (jobs, [c["command"][-1][:60] for c in calls])
     args = profile_args("local-cuda")
     assert args == ["--nv"]
     for call in calls:

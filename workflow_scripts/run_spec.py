@@ -19,7 +19,8 @@ from pathlib import Path
 
 SCHEMA_VERSION = 1
 # written only where set: a run without traces, a memory guard or a variant has a spec without those keys
-OPTIONAL = ("memory_guard", "profile", "trace_dir", "variant", "torch_extensions_dir", "model_source", "trackers")
+OPTIONAL = ("memory_guard", "profile", "trace_dir", "variant", "torch_extensions_dir", "model_source", "trackers",
+            "random_init")
 
 
 class RunSpecError(ValueError):
@@ -59,6 +60,9 @@ class RunSpec(Mapping):
     # its config.json, None for a hub id}; so an edited config.json is another spec (rerun, never resumed)
     model_source: dict | None = None
     trackers: list | None = None  # config trackers: where rank 0 logs its scalars besides metrics.csv
+    # the folder of the run's random initialisation (rule random_init, training/random_init.py), None for a run
+    # from pretrained weights or one that builds its model in its own process (the bench harness)
+    random_init: str | None = None
 
     # ---------------------------------------------------------------- what readers ask
     @property

@@ -14,7 +14,7 @@ from pathlib import Path
 from workflow_scripts import columns as C
 from workflow_scripts import replay, schema
 from workflow_scripts.run_spec import SCHEMA_VERSION, RunSpec
-from workflow_scripts.training import levers
+from workflow_scripts.training import levers, random_init
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS, model_spec
 from workflow_scripts.training.strategies import micro_and_accum
@@ -131,9 +131,7 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
     train = levers.resolve(train, config["platform"], layout.degrees(), MODELS[model].family,
                            block_flops(config, model, micro, layout.degrees()),
                            levers.evidence_family(strategy, options), trial)
-    # a different repeat trains with a different seed, so repeats measure variance, not the same run twice; the
-    # base is the group's seed where its train section sets one
-    train["seed"] = int(train["seed"]) + int(repeat)
+    train["seed"] = run_seed(train, repeat)
     guard, profile = None, None
     if config["plan"].get("refuse_oom") and config["platform"] != "cpu":  # opt-in: launch.predicted_oom
         plan = config["plan"]
@@ -152,7 +150,8 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
         out_dir=out_dir, work_dir=work_dir, memory_guard=guard, profile=profile,
         trace_dir=trace_dir(config, model, strategy, layout.key, repeat) if profile else None,
         batch={"micro_batch": micro, "accum": accum}, model_source=model_source(model),
-        trackers=list(config["trackers"]) or None)
+        trackers=list(config["trackers"]) or None,
+        random_init=None if weights else random_init_dir(config, random_init_recipe(config, model, train)))
     against = (config.get("verify") or {}).get("against")
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
         spec = spec.replace(train={**replay.decisions(spec, auto, against), "seed": train["seed"]})
@@ -167,6 +166,40 @@ def initial_weights(config: dict, model: str) -> tuple[str | None, list[str]]:
         return named, list(config["substitutions"])
     return None, [*config["substitutions"],
                   f"weights: random initialisation instead of the pretrained {named} (weights: random)"]
+
+
+def run_seed(train: dict, repeat: int) -> int:
+    """A run's seed: a different repeat trains with a different seed, so repeats measure variance, not the same run
+    twice; the base is the group's seed where its train section sets one."""
+    return int(train["seed"]) + int(repeat)
+
+
+def random_inits(config: dict, runs) -> dict[str, dict]:
+    """{folder: recipe} of every random initialisation that the runs (model, group train overrides, repeat) start
+    from: rule random_init's outputs. A run from pretrained weights has none."""
+    inits = {}
+    for model, overrides, repeat in runs:
+        if initial_weights(config, model)[0] is None:
+            train = {**config["train"], **overrides}
+            recipe = random_init_recipe(config, model, {**train, "seed": run_seed(train, repeat)})
+            inits[random_init_dir(config, recipe)] = recipe
+    return inits
+
+
+def random_init_recipe(config: dict, model: str, train: dict) -> dict:
+    """Everything a random initialisation of `model` depends on (training/random_init.py): the model and its
+    source, its overrides, the seed, the embedding-row settings and the prepared data (its vocabulary and
+    sequence length)."""
+    d = data_dir(config)
+    return {"model": model, "model_source": model_source(model),
+            "model_overrides": config["model_overrides"].get(model, {}), "seed": int(train["seed"]),
+            "train": {"vocab_multiple": train["vocab_multiple"], "embedding_rows": train.get("embedding_rows")},
+            "data": {"train": f"{d}/train.npy", "val": f"{d}/val.npy", "manifest": f"{d}/tokens_manifest.json"}}
+
+
+def random_init_dir(config: dict, recipe: dict) -> str:
+    """The folder rule random_init writes a recipe's initialisation into, beside the data it was built for."""
+    return f"{data_dir(config)}/random_init/{recipe['model']}-{random_init.key(recipe)}"
 
 
 def model_source(model: str) -> dict | None:

@@ -61,6 +61,7 @@ def spec_for(config: dict, strategy: str, overrides: dict, out: Path, run: str, 
                           work_dir=str(Path(config["work_dir"]) / "bench" / run), ops=[])
     spec["ops"] = [f"{config['work_dir']}/ops/{op}.json" for op in needed_ops(strategy, spec["options"])]
     spec["study"] = f"{config['study']}/bench"
+    spec["random_init"] = None  # each benchmark run builds its model in its own process (no random_init job)
     return spec
 
 

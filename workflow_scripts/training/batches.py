@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from workflow_scripts.training import random_init
 from workflow_scripts.training.models import MODELS, build_model, embedding_rows, with_lora
 from workflow_scripts.training.run_context import RunContext
 
@@ -31,10 +32,15 @@ def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
 
 
 def make_model(spec: dict, vocab: int, seq_len: int):
-    """The run's model (registry shape or pretrained weights), fp32 on the CPU, no generation cache."""
-    model = build_model(spec["model"], vocab, seq_len, pretrained=spec.get("pretrained"),
-                        attn_implementation=spec["train"]["attn_implementation"],
-                        overrides=spec.get("model_overrides"))
+    """The run's model (registry shape or pretrained weights), fp32 on the CPU, no generation cache: its random
+    initialisation loaded where rule random_init made it (the same weights and generator state as building it
+    here), else built."""
+    attn = spec["train"]["attn_implementation"]
+    if spec.get("random_init"):
+        model = random_init.load(spec["random_init"], spec["model"], vocab, seq_len, attn)
+    else:
+        model = build_model(spec["model"], vocab, seq_len, pretrained=spec.get("pretrained"),
+                            attn_implementation=attn, overrides=spec.get("model_overrides"))
     model.config.use_cache = False
     lora = lora_settings(spec)
     return with_lora(model, lora) if lora else model
