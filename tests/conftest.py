@@ -35,6 +35,7 @@ SLOW_TESTS = {"test_every_job_runs_in_the_platform_image_with_the_profiles_flags
               "test_gpu_platform_jobs_get_their_image_and_device_flags",  # snakemake dry runs
               "test_chat_corpus_trains_on_the_answers_only",  # trains
               "test_a_dry_run_plans_the_runs_of_a_local_directory",  # snakemake -n
+              "test_the_imported_study_plans_under_a_dry_run",  # snakemake -n
               "test_selective_checkpointing_recomputes_no_matmul_and_changes_no_gradient"}  # backward passes
 
 

@@ -431,8 +431,9 @@ def test_every_job_runs_in_the_platform_image_with_the_profiles_flags(cuda_profi
         assert call["cwd"] == str(wd)
     ran = sorted(re.search(r"python3 -m workflow_scripts\.([\w.]+)", c["command"][2]).group(1) for c in calls
                  if "cp -v " not in c["command"][2])
-    assert ran == sorted(["data.corpus", "data.tokenizer", "data.tokenize", "measure.calibrate", "job.launch",
-                          "report.calibration", "report.parse", "report.tables", "report.figures", "report.findings"])
+    assert ran == sorted(["data.corpus", "data.tokenizer", "data.tokenize", "job.random_init", "measure.calibrate",
+                          "job.launch", "report.calibration", "report.parse", "report.tables", "report.figures",
+                          "report.findings"])
 
 
 def test_the_study_completes_inside_the_image(cuda_profile_run):

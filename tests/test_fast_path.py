@@ -11,7 +11,7 @@ def config(platform: str, **train) -> dict:
     return {"results_dir": "r", "work_dir": "w", "data_dir": "d", "study": "t", "nodes": 1, "platform": platform,
             "data": {"kind": "text", "block_size": 1024}, "images": {"image_size": 224},
             "train": {"precision": "bf16-mixed", "seed": 1, "micro_batch_size": 16, "grad_accum": 1,
-                      "compile_blocks": "auto", "compile_loss": "auto", **train},
+                      "compile_blocks": "auto", "compile_loss": "auto", "vocab_multiple": 64, **train},
             "strategy_options": {}, "pretrained": {}, "model_overrides": {}, "sampler": {}, "substitutions": [],
             "plan": {}, "profile": {}, "trackers": [], "weights": "pretrained"}
 

@@ -236,12 +236,19 @@ def test_auto_measures_on_one_gpu_node_and_keeps_the_rule_on_cpu(tmp_path):
     assert levers.decided_by({"by": "auto"}, "cuda", nodes=2) == "rule"  # the trial runs on one node
     assert levers.decided_by({"by": "rule"}, "cuda") == "rule"
     assert levers.decided_by({"by": "measurement"}, "cpu") == "measurement"
+    # offloading strategies: eager by the rule (their trials chose eager), measured only where the study asks
+    assert levers.decided_by({}, "cuda", evidence="offload") == "rule"
+    assert levers.decided_by({"by": "measurement"}, "cuda", evidence="offload") == "measurement"
     # a study's run specs: on CPU the rule's decision, no trial; on cuda the trial's file
     cpu = study.resolve(config(tmp_path), "gpt2-tiny", "ddp", 2, 0, {}, "o", "w", [], measured=True)
     assert cpu.train["compile_blocks"] is False and "lever_trial" not in cpu.train
     gpu = study.resolve(config(tmp_path, platform="cuda", world_sizes=[1]), "gpt2-tiny", "ddp", 1, 0, {}, "o", "w",
                         [], measured=True)
     assert gpu.train["lever_trial"].endswith("levers/gpt2-tiny/ddp/ws1.json")
+    offload = study.resolve(config(tmp_path, platform="cuda", world_sizes=[1]), "gpt2-tiny", "zero3_offload", 1, 0,
+                            {}, "o", "w", [], measured=True)
+    assert "lever_trial" not in offload.train and offload.train["compile_blocks"] is False
+    assert "offload strategies" in offload.train["compile_auto"]
     ruled = config(tmp_path, platform="cuda", world_sizes=[1], auto_levers={"by": "rule"})
     assert "lever_trial" not in study.resolve(ruled, "gpt2-tiny", "ddp", 1, 0, {}, "o", "w", [], measured=True).train
 

@@ -71,8 +71,8 @@ def slurm_run(slurm_study):
 def test_every_job_went_through_sbatch(slurm_run, slurm_cluster):
     wd, log = slurm_run
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
-    # the profile's group prep (corpus, tokenizer, tokenize), calibrate, calibration_figure, one train per strategy,
-    # the group report (parse, summary_table, findings, figures); rule all runs nothing
+    # the profile's group prep (corpus, tokenizer, tokenize, random_init), calibrate, calibration_figure, one train
+    # per strategy, the group report (parse, summary_table, findings, figures); rule all runs nothing
     assert len(submitted) == 4 + len(STRATEGIES), log[-3000:]
     assert sorted(re.findall(r"slurm_logs/group_(prep|report)_", log)) == ["prep", "report"], log[-3000:]
     assert set(submitted) <= set(slurm_cluster.job_ids())

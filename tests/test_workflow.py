@@ -122,7 +122,7 @@ def config_error(override: dict) -> str:
 
 # lowest first: a package imports only those before it (the house's arrows all point down)
 LAYERS = ["units", "status", "schema", "columns", "run_spec", "data", "measure", "training", "replay", "study",
-          "config_check", "plan", "job", "report", "doctor", "container_image", "bench"]
+          "config_check", "importers", "plan", "job", "report", "doctor", "container_image", "bench"]
 
 
 def test_no_package_imports_upward_and_the_strategies_never_import_the_context_builder():
@@ -431,8 +431,8 @@ def test_a_spec_of_another_version_stops_the_launcher_and_the_trial_in_two_lines
 
 def test_a_failed_training_job_is_its_own_error_in_a_few_lines(default_study):
     """The rules name spec files, never a spec (a measured study's lever trial and runs alike: the dry run's
-    commands); a run whose ranks fail (a model shape transformers refuses) shows its own error and its log in
-    Snakemake's output, no spec JSON, Snakemake's own failure block around it."""
+    commands); a model shape transformers refuses fails the job that builds it (rule random_init) with its own
+    error and its log in Snakemake's output, no spec JSON, Snakemake's own failure block around it."""
     wd = default_study
     measured = overlay(wd, "measured", results_dir="results/measured", auto_levers={"by": "measurement"})
     commands = [line for line in snakemake(wd, *measured, "-n", "-p").stdout.splitlines()
@@ -445,10 +445,11 @@ def test_a_failed_training_job_is_its_own_error_in_a_few_lines(default_study):
     done = snakemake(wd, "results/failing/runs/gpt2-tiny/ddp/ws2/r0/summary.json", *args, check=False)
     out = (done.stdout + done.stderr).splitlines()
     assert done.returncode != 0
-    first = next(i for i, line in enumerate(out) if line.startswith("launch failed"))
+    first = next(i for i, line in enumerate(out) if line.startswith("random_init failed (exit code 1): "))
     own = out[first:next(i for i in range(first, len(out)) if out[i].startswith("RuleException"))]
     assert len(own) == 2 and "divisible by num_heads" in own[0], own
-    assert own[1] == "  full log: results/failing/logs/train/gpt2-tiny/ddp/ws2/r0.log"
+    log = own[1].removeprefix("  full log: ")
+    assert "/logs/random_init/gpt2-tiny-" in log and (wd / log).exists(), own
     assert len(out) - first <= 25 and not any('"run_id"' in line for line in out), "\n".join(out[first:])
 
 

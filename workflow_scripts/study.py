@@ -243,7 +243,8 @@ def lever_run(config: dict, lever: dict) -> tuple[str, dict]:
 
 def lever_trial_path(config: dict, model: str, strategy: str, layout: str) -> str | None:
     """Where the lever trial of a configuration writes its verdict (rule lever_trial), if the study measures."""
-    if levers.decided_by(config.get("auto_levers"), config["platform"], config["nodes"]) != "measurement":
+    evidence = levers.evidence_family(strategy, config["strategy_options"].get(strategy, {}))
+    if levers.decided_by(config.get("auto_levers"), config["platform"], config["nodes"], evidence) != "measurement":
         return None
     return f"{config['results_dir']}/{C.LEVER_TRIAL.format(model=model, strategy=strategy, layout=layout)}"
 

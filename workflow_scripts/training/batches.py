@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from workflow_scripts.training import random_init
-from workflow_scripts.training.models import MODELS, build_model, embedding_rows, with_lora
+from workflow_scripts.training.models import MODELS, build_model, data_rows, with_lora
 from workflow_scripts.training.run_context import RunContext
 
 BATCH_DTYPE = np.int64  # the stored rows widened to what the model takes (token ids, and image rows before scaling)
@@ -25,10 +25,7 @@ def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
     if t.get("max_train_samples"):
         blocks = blocks[: t["max_train_samples"]]
     val = np.load(spec["data"]["val"], mmap_mode="r")
-    # an image classifier's head is padded like a vocabulary (classes never seen as labels): ZeRO++'s quantized
-    # weights need every partition to be a multiple of 8 elements, and 100 classes x 1280 + 100 over 2 ranks is not
-    vocab = embedding_rows(data["num_classes"] if data.get("kind") == "images" else data["vocab_size"], t)
-    return data, blocks, val, vocab
+    return data, blocks, val, data_rows(data, t)
 
 
 def make_model(spec: dict, vocab: int, seq_len: int):

@@ -17,7 +17,8 @@ every strategy that is compatible with them (config `train.compile_blocks`, `tra
 Both default to `auto` (resolve, called when the study resolves a run spec), decided by a rule or by a measurement
 (config `auto_levers.by`, decided_by: its default `auto` measures on a one-node GPU study, keeps the rule on CPU). The
 rule holds where its measurements were made (evidence_family, RULE_MEASURED_ON): on a GPU platform they are on, the
-fast path; off on CPU (compilation costs more than it saves there), for offloading strategies (not measured), where
+fast path; off on CPU (compilation costs more than it saves there), for offloading strategies (measured: their
+trials chose eager or within noise of it, so `auto` decides them by the rule without a trial), where
 a block call is too small for compilation to pay (MIN_BLOCK_FLOPS: the step is host-bound there), under layout
 dimensions whose compiled runs were not checked on a GPU yet (parallel.Dimension.compiled_on_gpu), and for MoE
 models (grouped_mm experts). The measurement: before a configuration's timed repeats, a few steps of each candidate
@@ -78,6 +79,13 @@ GPU_PLATFORMS = ("cuda", "rocm")
 # sharded family too.
 RULE_MEASURED_ON = ("replicated",)
 RULE_ON_ABOVE_MIN_BLOCK_FLOPS = ("replicated", "sharded")
+# The families whose `auto` levers stay eager without a trial on a GPU: offloading strategies, whose step waits on
+# the host's Adam and the copies. Their trials on one H200 (gpt2-large mb 2, torch 2.11, DeepSpeed 0.19.8;
+# benchmarks/2026-12-03-one-gpu-tutorial-h200.md): ZeRO-3 with CPU offload chose eager (1,717 tokens/s, compiled
+# blocks tied, the whole model hit the recompile limit; 478 s of trial), ZeRO-Infinity's candidates were within 3 %
+# of one another at 12.7-15.1 s a step, 11.7-14.1 s of it the optimizer (929 s of trial): deciding cost more than
+# the rows. `auto_levers.by: measurement` measures them.
+RULE_EAGER_MEASURED_ON = ("offload",)
 
 
 # Where the whole-model compile is known not to finish: dynamo recompiled DeepSpeed's stage-3
@@ -122,14 +130,16 @@ def evidence_family(strategy: str, options: dict | None = None) -> str:
     return "sharded" if s.zero_stage >= 3 else "replicated"
 
 
-def decided_by(auto_levers: dict | None, platform: str, nodes: int = 1) -> str:
-    """What a study's `auto` levers are decided by, `rule` or `measurement` (config auto_levers.by): its default
-    `auto` measures on a GPU platform, where the fastest lever set depends on the machine, and keeps the rule on CPU
-    (compilation does not pay there: no trial is added to a CPU study) and on several nodes (the trial runs on one)."""
+def decided_by(auto_levers: dict | None, platform: str, nodes: int = 1, evidence: str = "replicated") -> str:
+    """What a configuration's `auto` levers are decided by, `rule` or `measurement` (config auto_levers.by): its
+    default `auto` measures on a GPU platform, where the fastest lever set depends on the machine, and keeps the rule
+    on CPU (compilation does not pay there: no trial is added to a CPU study), on several nodes (the trial runs on
+    one) and for the strategy families measured eager (`evidence`: evidence_family, RULE_EAGER_MEASURED_ON)."""
     by = (auto_levers or {}).get("by", "auto")
     if by != "auto":
         return by
-    return "measurement" if platform in GPU_PLATFORMS and int(nodes) == 1 else "rule"
+    measures = platform in GPU_PLATFORMS and int(nodes) == 1 and evidence not in RULE_EAGER_MEASURED_ON
+    return "measurement" if measures else "rule"
 
 
 def auto_compile(platform: str, layout: dict | None, family: str, block_flops: float, *,
@@ -147,6 +157,9 @@ def auto_compile(platform: str, layout: dict | None, family: str, block_flops: f
         return False, f"auto: off under {'/'.join(unchecked)} (compiled runs not checked on a GPU yet)"
     if FAMILIES[family].moe:
         return False, "auto: off for the MoE family (compiled grouped_mm experts not checked on a GPU yet)"
+    if evidence in RULE_EAGER_MEASURED_ON:
+        return False, (f"auto: off for {evidence} strategies (the step waits on the host: compiled levers tied or "
+                       "lost in their trials on one H200; auto_levers.by: measurement measures them)")
     if block_flops < MIN_BLOCK_FLOPS:
         return False, (f"auto: off, {block_flops:.1e} FLOP per block call < {MIN_BLOCK_FLOPS:.0e} (host-bound: "
                        "compiled blocks cost more per call than they save)")

@@ -353,6 +353,14 @@ def embedding_rows(tokenizer_vocab: int, train: dict) -> int:
     return max(padded_vocab(tokenizer_vocab, train["vocab_multiple"]), train.get("embedding_rows") or 0)
 
 
+def data_rows(manifest: dict, train: dict) -> int:
+    """The embedding rows of a run on the data a tokens manifest describes. An image classifier's head is padded like
+    a vocabulary (classes never seen as labels): ZeRO++'s quantized weights need every partition to be a multiple
+    of 8 elements, and 100 classes x 1280 + 100 over 2 ranks is not."""
+    rows = manifest["num_classes"] if manifest.get("kind") == "images" else manifest["vocab_size"]
+    return embedding_rows(rows, train)
+
+
 def build_config(name: str, vocab_size: int, block_size: int, overrides: dict | None = None):
     """The transformers config for a registry model with the study's vocabulary and sequence length."""
     from transformers import GPT2Config, Qwen2Config, Qwen2MoeConfig

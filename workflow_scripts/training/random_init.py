@@ -11,11 +11,10 @@ draw the same numbers as before (tests/test_random_init.py). A run from pretrain
 
 The folder: `config.json` + `model.safetensors` (transformers' own format), `rng_state.pt`, and `random_init.json`
 (the recipe it was built from, the weight file's sha256, the parameters and the build's seconds).
-  python3 -m workflow_scripts.training.random_init --recipe-json '{...}' --out DIR
+Rule random_init runs it through workflow_scripts/job/random_init.py.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -49,11 +48,11 @@ def build(recipe: dict, out: Path) -> dict:
     """Build the recipe's model as a launch does and write the folder (atomically: a folder that exists is whole)."""
     import torch
 
-    from workflow_scripts.training.batches import load_data
-    from workflow_scripts.training.models import build_model
+    from workflow_scripts.training.models import build_model, data_rows
 
     t0 = time.perf_counter()
-    data, _, _, vocab = load_data({"train": recipe["train"], "data": recipe["data"]})
+    data = json.loads(Path(recipe["data"]["manifest"]).read_text())
+    vocab = data_rows(data, recipe["train"])
     torch.manual_seed(recipe["seed"])
     model = build_model(recipe["model"], vocab, data["block_size"], overrides=recipe["model_overrides"])
     state = torch.get_rng_state()
@@ -85,7 +84,8 @@ def load(folder: str, model: str, vocab: int, seq_len: int, attn_implementation:
     try:
         info = json.loads((path / RECIPE).read_text())
     except (OSError, ValueError) as exc:
-        raise RandomInitError(f"{path}: not a random initialisation folder ({exc}); rule random_init makes it") from None
+        raise RandomInitError(f"{path}: not a random initialisation folder ({exc}); "
+                              "rule random_init makes it") from None
     made = (info["recipe"]["model"], info["vocab"], info["seq_len"])
     if made != (model, vocab, seq_len):
         raise RandomInitError(f"{path}: built for model {made[0]}, {made[1]} embedding rows, sequence {made[2]}; "
@@ -95,18 +95,3 @@ def load(folder: str, model: str, vocab: int, seq_len: int, attn_implementation:
     loaded = loader.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
     torch.set_rng_state(torch.load(path / RNG_STATE))
     return loaded
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe-json", required=True, help="the recipe (workflow_scripts.study.random_init_recipe)")
-    ap.add_argument("--out", required=True, type=Path)
-    args = ap.parse_args(argv)
-    info = build(json.loads(args.recipe_json), args.out)
-    print(f"{info['recipe']['model']} seed {info['recipe']['seed']}: {info['parameters']:,} parameters built in "
-          f"{info['build_s']} s -> {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
