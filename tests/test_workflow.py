@@ -227,6 +227,27 @@ def test_zero_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_rank
     assert "foreach_grad_norm" not in json.dumps(cfg)
 
 
+def test_zero3_keeps_every_parameter_persistent_at_one_data_parallel_rank_on_a_gpu():
+    """One rank's ZeRO-3 partition is the whole model: on a GPU its gathers and releases are skipped (every
+    parameter above the persistence threshold is kept whole); on several data-parallel ranks, or on CPU, DeepSpeed's
+    default stays, and the study's own option wins everywhere."""
+    import dataclasses
+
+    from workflow_scripts.training.layout import Layout
+    from workflow_scripts.training.strategies import STRATEGIES as ALL
+    from workflow_scripts.training.strategies._deepspeed import check_context
+
+    def threshold(options=None, platform="cuda", dp=1):
+        ctx = dataclasses.replace(check_context(options or {}), platform=platform, layout=Layout(dp=dp))
+        return ALL["zero3"].settings(ctx)["deepspeed_config"]["zero_optimization"].get(
+            "stage3_param_persistence_threshold")
+
+    biggest = 1280 * 50304  # gpt2-large's embedding, its largest parameter
+    assert threshold() > biggest and threshold(platform="rocm") > biggest
+    assert threshold(platform="cpu") is None and threshold(dp=2) is None
+    assert threshold({"stage3_param_persistence_threshold": 1000}) == 1000
+
+
 def test_deepspeeds_compile_section_reaches_its_config_and_deepcompile_needs_a_gpu():
     """strategy_options.<zero*>.compile is DeepSpeed's own section (its DeepCompile backend for train.compile_model):
     it reaches the top level of the JSON, its keys are checked against DeepSpeed's CompileConfig (BAD_CONFIGS), and
