@@ -6,6 +6,7 @@ import sys
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from workflow_scripts import columns, config_check, container_image, study
+from workflow_scripts.importers import study_strategies
 from workflow_scripts.report import figure_registry
 from workflow_scripts.report.report_hook import write_report_after_success
 from workflow_scripts.training.build_ops import export_extensions_dir
@@ -14,11 +15,16 @@ from workflow_scripts.training.graceful_stop import (
 )
 from workflow_scripts.training.layout import Layout
 
+# the schema and its defaults, then the strategies given as DeepSpeed JSON files named (importers/
+# study_strategies.py), then the checks that need both
 try:
-    config_check.validate_study(
+    config_check.fill_defaults(
+        config, os.path.join(workflow.basedir, "schemas/config.schema.yaml")
+    )
+    config_check.check(
         config,
-        os.path.join(workflow.basedir, "schemas/config.schema.yaml"),
         planning=config_check.planning_only(sys.argv),
+        before=study_strategies.expand,
     )
 except config_check.ConfigError as exc:
     raise WorkflowError(str(exc)) from None

@@ -407,3 +407,86 @@ def test_the_imported_study_plans_under_a_dry_run(peer, tmp_path):
     planned = snakemake(REPO, "-n", "--nolock", "--configfile", str(out), "studies/cpu_override.yaml").stdout
     for name in ("zero0", "zero2", "zero2_offload", "zero3", "zero3_offload"):
         assert f"runs/tiny-llama/{name}/ws2/r0" in planned, name
+
+
+# ---------------------------------------------------------------- a study's strategy from a DeepSpeed JSON
+@pytest.fixture
+def no_study_strategies(monkeypatch):
+    """Each test starts with no strategy from a file registered ($PIPELINE_STRATEGIES)."""
+    from workflow_scripts.training import strategies
+
+    monkeypatch.delenv(strategies.STRATEGIES_ENV, raising=False)
+
+
+def study_with(tmp_path, strategies, **train) -> dict:
+    """A study config with its defaults filled, as rules/common.smk has it before naming the file strategies."""
+    from workflow_scripts import config_check
+
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg.update({"strategies": strategies, "models": ["gpt2-tiny"], "results_dir": str(tmp_path / "r")})
+    cfg["train"].update({"micro_batch_size": 4, "grad_accum": 2, "grad_clip": 0.5, "lr": 2e-4, **train})
+    config_check.fill_defaults(cfg, str(REPO / "schemas/config.schema.yaml"))
+    return cfg
+
+
+def test_a_strategy_from_a_deepspeed_json_runs_as_its_stage_with_the_studys_batch(tmp_path, no_study_strategies):
+    """{name, deepspeed}: "auto" is the study's (micro-batch 4, accumulation 2, clipping 0.5, lr 2e-4), the file's
+    zero keys are its options, the hidden-size auto is gpt2-tiny's 128^2; a number unlike the study's is the
+    study's, one substitution line; the run spec names the file and its stage; the registry finds the name."""
+    from workflow_scripts import study
+    from workflow_scripts.importers import study_strategies
+    from workflow_scripts.training.strategies import STRATEGIES
+
+    path = write(tmp_path / "ds_z3.json", {
+        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+        "gradient_clipping": 1.0, "bf16": {"enabled": "auto"},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+        "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto",
+                              "stage3_max_live_parameters": 1e9, "stage3_gather_16bit_weights_on_model_save": True}})
+    cfg = study_with(tmp_path, ["ddp", {"name": "my_z3", "deepspeed": path}])
+    assert study_strategies.expand(cfg) == []
+    assert cfg["strategies"] == ["ddp", "my_z3"]
+    assert STRATEGIES["my_z3"].zero_stage == 3 and "my_z3" in STRATEGIES and "my_z3" not in list(STRATEGIES)
+    options = cfg["strategy_options"]["my_z3"]
+    assert options["overlap_comm"] is True and options["stage3_max_live_parameters"] == 10**9
+    assert options["reduce_bucket_size"] == 128 * 128  # the Trainer's hidden^2, gpt2-tiny's n_embd 128
+    spec = study.resolve(cfg, "gpt2-tiny", "my_z3", 2, 0, {}, "o", "w", [])
+    assert spec.strategy_source["base"] == "zero3" and spec.strategy_source["deepspeed"] == path
+    assert spec.options == options and spec.micro_batch == 4 and spec.batch["accum"] == 2
+    clip = [s for s in spec.substitutions if "gradient_clipping" in s]
+    assert clip == ["my_z3 (ds_z3.json): gradient_clipping: 1: the study's 0.5 (train.grad_clip: one batch "
+                    "contract, optimizer and precision policy for every strategy of a study)"]
+    assert not any("gradient_clipping" in s for s in study.resolve(cfg, "gpt2-tiny", "ddp", 2, 0, {}, "o", "w",
+                                                                     []).substitutions)
+    ds = STRATEGIES["zero3"].settings  # the engine's JSON is built from the options as for any ZeRO-3 run
+    assert ds is STRATEGIES["my_z3"].settings
+
+
+@pytest.mark.parametrize("entry,content,expected", [
+    ({"name": "zero3"}, {"zero_optimization": {"stage": 3}}, "'zero3' is a registry strategy's name"),
+    ({"name": "mine"}, {"zero_optimization": {"stage": 3, "stage3_prefetch_buket_size": 10}},
+     "stage3_prefetch_buket_size: unknown key"),
+    ({"name": "mine"}, {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}},
+     "offload at stage 1"),
+    ({"name": "mine"}, None, "no such file"),
+])
+def test_a_strategy_file_that_cannot_run_is_one_problem_naming_it(tmp_path, no_study_strategies, entry, content,
+                                                                   expected):
+    from workflow_scripts.importers import study_strategies
+
+    path = write(tmp_path / "ds.json", content) if content is not None else str(tmp_path / "missing.json")
+    found = study_strategies.expand(study_with(tmp_path, ["ddp", {**entry, "deepspeed": path}]))
+    assert len(found) == 1 and found[0].startswith("strategies[1]: ") and expected in found[0], found
+    assert entry["name"] == "zero3" or path in found[0]
+
+
+def test_a_study_with_a_strategy_file_plans_and_a_bad_one_stops_before_any_job(tmp_path, no_study_strategies):
+    good = write(tmp_path / "ds_z2.json", {"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"},
+                                           "zero_optimization": {"stage": 2, "contiguous_gradients": True}})
+    study = write(tmp_path / "study.yaml", yaml.safe_dump({"strategies": ["ddp", {"name": "my_z2", "deepspeed": good}],
+                                                         "results_dir": str(tmp_path / "r")}))
+    planned = snakemake(REPO, "-n", "--nolock", "--configfile", study).stdout
+    assert "runs/gpt2-tiny/my_z2/ws2/r0" in planned
+    write(tmp_path / "ds_z2.json", {"zero_optimization": {"stage": 2, "contigous_gradients": True}})
+    done = snakemake(REPO, "-n", "--nolock", "--configfile", study, check=False)
+    assert done.returncode != 0 and "ds_z2.json: contigous_gradients: unknown key" in done.stderr + done.stdout

@@ -63,8 +63,15 @@ def planning_only(argv: list[str]) -> bool:
     return any(a in PLANNING_TARGETS for a in words) and "all" not in words
 
 
-def problems(config: dict, devices: int | None = None, planning: bool = False) -> list[str]:
+def problems(config: dict, devices: int | None = None, planning: bool = False, before=None) -> list[str]:
+    """Every problem of a study config, one line each. `before`: a step that names more of the study before the
+    checks (rules/common.smk: the strategies from DeepSpeed files, importers/study_strategies.py), after its own
+    models are named; its problems alone stop the checks (they would read its entries unnamed)."""
     named = own_model_problems(config)  # first: every check after it sees the study's own models by their names
+    if before is not None:
+        files = before(config)
+        if files:
+            return named + files
     sizes = [] if planning else size_problems(config, devices)
     found = (named + name_problems(config) + batch_problems(config) + layout_problems(config)
              + sizes + data_problems(config) + bench_problems(config)
@@ -522,14 +529,19 @@ def validate_study(config: dict, schema_path: str, planning: bool = False) -> No
     """The whole check of a study config, as rules/common.smk runs it: every schema violation at once (one line
     each), then Snakemake's validation filling the defaults, then the checks that need them (with `planning`, all
     but the node's device count: planning_only)."""
+    fill_defaults(config, schema_path)
+    check(config, planning=planning)
+
+
+def fill_defaults(config: dict, schema_path: str) -> None:
+    """Every schema violation at once (one line each), then Snakemake's validation filling the defaults."""
     from snakemake.utils import validate
 
     check_schema(config, schema_path)
     validate(config, schema=schema_path, set_default=True)
-    check(config, planning=planning)
 
 
-def check(config: dict, devices: int | None = None, planning: bool = False) -> None:
-    found = problems(config, devices, planning)
+def check(config: dict, devices: int | None = None, planning: bool = False, before=None) -> None:
+    found = problems(config, devices, planning, before)
     if found:
         raise ConfigError("invalid study config:\n  " + "\n  ".join(found))

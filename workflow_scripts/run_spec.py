@@ -20,7 +20,7 @@ from pathlib import Path
 SCHEMA_VERSION = 1
 # written only where set: a run without traces, a memory guard or a variant has a spec without those keys
 OPTIONAL = ("memory_guard", "profile", "trace_dir", "variant", "torch_extensions_dir", "model_source", "trackers",
-            "random_init")
+            "random_init", "strategy_source")
 
 
 class RunSpecError(ValueError):
@@ -63,6 +63,9 @@ class RunSpec(Mapping):
     # the folder of the run's random initialisation (rule random_init, training/random_init.py), None for a run
     # from pretrained weights or one that builds its model in its own process (the bench harness)
     random_init: str | None = None
+    # a strategy from a study's DeepSpeed JSON (importers/study_strategies.py): {"base": the registry strategy it
+    # runs as, "deepspeed": the file, "sha256": of the file}; None for a registry strategy
+    strategy_source: dict | None = None
 
     # ---------------------------------------------------------------- what readers ask
     @property

@@ -140,6 +140,9 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
     if config["profile"].get("enabled"):  # only then: a spec without traces stays what it was
         profile = config["profile"]
     weights, subs = initial_weights(config, model)
+    source = (config.get("strategy_sources") or {}).get(strategy)
+    if source:
+        subs = [*subs, *source["substitutions"]]
     spec = RunSpec(
         run_id=f"{model}__{strategy}__{layout.key}__r{repeat}", study=config["study"], model=model,
         strategy=strategy, world_size=layout.world_size, layout=layout.degrees(), repeat=int(repeat),
@@ -151,7 +154,8 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
         trace_dir=trace_dir(config, model, strategy, layout.key, repeat) if profile else None,
         batch={"micro_batch": micro, "accum": accum}, model_source=model_source(model),
         trackers=list(config["trackers"]) or None,
-        random_init=None if weights else random_init_dir(config, random_init_recipe(config, model, train)))
+        random_init=None if weights else random_init_dir(config, random_init_recipe(config, model, train)),
+        strategy_source={k: source[k] for k in ("base", "deepspeed", "sha256")} if source else None)
     against = (config.get("verify") or {}).get("against")
     if against:  # a verification rerun: the committed run's decisions, not today's (replay.py)
         spec = spec.replace(train={**replay.decisions(spec, auto, against), "seed": train["seed"]})

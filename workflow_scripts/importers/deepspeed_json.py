@@ -109,8 +109,9 @@ def _auto(value) -> bool:
 class Filler:
     """Fills one JSON's "auto" values from the Trainer's settings, checks its numbers against them."""
 
-    def __init__(self, rec: Record, hf: dict | None, train: dict):
+    def __init__(self, rec: Record, hf: dict | None, train: dict, study_wins: bool = False):
         self.rec, self.hf, self.train = rec, hf, train
+        self.study_wins = study_wins  # a study's strategy file: a number unlike the study's is overridden, said
         self.sets: dict = {}  # train keys the JSON itself sets (no training settings beside it)
         self.unfilled: list = []  # "auto" keys without training settings to fill them from
 
@@ -133,7 +134,10 @@ class Filler:
             self.rec.mapped(key, f"train.{ours} (the Trainer's {hf_key}: {want})")
             return want
         if self.hf is not None:
-            if value != want:
+            if value != want and self.study_wins:
+                self.rec.substituted(key, f"{value!r}: the study's {want!r} (train.{ours}: one batch contract, "
+                                          "optimizer and precision policy for every strategy of a study)")
+            elif value != want:
                 self.rec.refuse(
                     key,
                     f"{value!r}, but the Trainer's {hf_key} is {want!r} (the Trainer refuses the "
@@ -148,14 +152,16 @@ class Filler:
 
 
 def read(
-    cfg: dict, rec: Record, hf: dict | None, train: dict, hidden: tuple, world: int | None, prefix: str = ""
+    cfg: dict, rec: Record, hf: dict | None, train: dict, hidden: tuple, world: int | None, prefix: str = "",
+    study_wins: bool = False,
 ) -> Result:
     """The JSON `cfg` (as loaded) against the training settings: `hf` (the Trainer's values, None without a
     training file), `train` (the study's train keys so far), `hidden` ((size or None, where it was read)),
-    `world` (the world size, where known)."""
+    `world` (the world size, where known); `study_wins`: a study's strategy file, whose numbers that differ from
+    the study's are recorded as overridden instead of refused (study_strategies)."""
     out = Result()
     rec.check_known(cfg, KNOWN, prefix)
-    fill = Filler(rec, hf, train)
+    fill = Filler(rec, hf, train, study_wins)
     for key, why in NOT_APPLIED.items():
         if key in cfg:
             rec.not_applied(prefix + key, why)

@@ -153,11 +153,13 @@ def launch(spec: Mapping, nnodes: int = 1, node_rank: int = 0, endpoint: str | N
     (levers.apply_fallback: the whole model without CUDA graphs). Where an `auto`-decided run's compiled region hit
     dynamo's recompile limit (the ranks' marker, training/loop.py): once more eager (levers.eager_after). Each time
     `compile_auto` says so; a run whose levers were set by the study fails with dynamo's error instead."""
+    from workflow_scripts.training import strategies
     from workflow_scripts.training.levers import apply_fallback, apply_trial, eager_after
     from workflow_scripts.training.models import register_from
 
     spec = as_spec(spec)
     register_from(spec)  # a study's own model, for this launcher and its ranks
+    strategies.register_from(spec)  # a strategy from a study's DeepSpeed JSON, likewise
     auto = "compile_auto" in spec.train or "lever_trial" in spec.train
     train, fell_back = apply_trial(spec.train), False
     while True:
