@@ -77,6 +77,7 @@ def problems(config: dict, devices: int | None = None, planning: bool = False, b
              + sizes + data_problems(config) + bench_problems(config)
              + verify_problems(config) + study.precision_problems(config) + published_problems(config)
              + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config)
+             + separate_documents_problems(config)
              + auto_levers_problems(config) + compiled_zero3_problems(config) + profile_problems(config)
              + ([] if planning else pretrained_problems(config) + trackers.missing(config.get("trackers", []))))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
@@ -411,6 +412,16 @@ def bench_problems(config: dict) -> list[str]:
     return out
 
 
+def separate_documents_problems(config: dict) -> list[str]:
+    """train.separate_documents keeps a language model's documents apart; image rows have none."""
+    if config.get("data", {}).get("kind") != "images":
+        return []
+    return [f"{where}.separate_documents: image rows are not documents (data.kind images)"
+            for where, t in [("train", config.get("train") or {})] + [
+                (f"groups[{i}].train", g.get("train") or {}) for i, g in enumerate(config.get("groups") or [])]
+            if t.get("separate_documents")]
+
+
 def chunked_loss_problems(config: dict) -> list[str]:
     """train.chunked_loss replaces the LM head's forward and the loss: language models, data-parallel layouts,
     neither the compiled loss it replaces nor the whole-model compile (training/chunked_loss.py)."""
@@ -460,6 +471,10 @@ def layout_problems(config: dict) -> list[str]:
             out += unimplemented(layout, f"{where}[{j}]")
             out += [p for m in g["models"] for p in model_problems(layout, m, f"{where}[{j}]")]
             train = {**config["train"], **g.get("train", {})}
+            apart = [k for k in ("pp", "cp") if int(layout.degrees().get(k, 1)) > 1]
+            if train.get("separate_documents") and apart:
+                out.append(f"{where}[{j}]: train.separate_documents is not implemented under {'/'.join(apart)} "
+                           f"({layout.key}: its stages and shards build their own positions)")
             if train.get("compile_model") is True and not layout.data_only:
                 out.append(f"{where}[{j}]: train.compile_model compiles data-parallel layouts only ({layout.key}); "
                            f"use train.compile_blocks")

@@ -1,8 +1,9 @@
 """Stage 3, tokenize: corpus -> packed fixed-length blocks (train.npy, val.npy) and a manifest of token counts.
 
 Documents are split between train and validation before packing (every k-th document to validation, k =
-round(1 / val_fraction)), so no block straddles the split. Each document is followed by the EOS token; the token
-stream is cut into blocks of `block_size` tokens, the tail that does not fill a block is dropped. Encoding runs in
+round(1 / val_fraction)), so no block straddles the split. Each document is followed by the EOS token (its id in
+the manifest: train.separate_documents keeps the documents of a block apart by it); the token stream is cut into
+blocks of `block_size` tokens, the tail that does not fill a block is dropped. Encoding runs in
 `threads` worker processes over document chunks; the order of the output does not depend on that number.
 
 Chat corpora (corpus kind `chat`, supervised fine-tuning) are rendered with the tokenizer's chat template (a
@@ -106,7 +107,8 @@ def tokenize(corpus_jsonl: str, tokenizer_dir: str, block_size: int, val_fractio
              out_train: str, out_val: str, out_manifest: str) -> dict:
     from transformers import AutoTokenizer
 
-    vocab = len(AutoTokenizer.from_pretrained(tokenizer_dir))
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    vocab = len(tok)
     records = list(read_records(corpus_jsonl))
     chat = bool(records) and "messages" in records[0]
     dtype = token_dtype(vocab, chat)
@@ -124,6 +126,7 @@ def tokenize(corpus_jsonl: str, tokenizer_dir: str, block_size: int, val_fractio
                 "train_tokens": int(train.size), "val_tokens": int(val.size),
                 "train_documents": len(train_texts), "val_documents": len(val_texts),
                 "val_fraction": val_fraction, "threads": threads, "loss_on": "response" if chat else "all",
+                "eos_id": tok.eos_token_id,  # ends every document (train.separate_documents starts the next)
                 checksum.KEY: checksum.entries({"train": out_train, "val": out_val})}
     if chat:
         manifest["chat_template"] = chat_template_source(tokenizer_dir)

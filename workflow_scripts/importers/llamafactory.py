@@ -202,6 +202,14 @@ def finetuning(given: dict, lf: dict, rec: Record) -> None:
                 rec.not_applied(key, f"finetuning_type is {kind}")
 
 
+def packed_together(given: dict, lf: dict) -> bool:
+    """Whether the original's samples attended to one another: packed (`packing`, the pt stage's default) without
+    neat_packing. Otherwise each sample was alone, which train.separate_documents keeps in packed blocks."""
+    packing = given.get("packing")
+    packed = packing if packing is not None else lf["stage"] == "pt"
+    return bool(packed) and not given.get("neat_packing")
+
+
 def dataset_sections(given: dict, lf: dict, base: str, rec: Record, model: str | None) -> dict:
     """corpus, tokenizer and data: the dataset through LLaMA-Factory's dataset_info.json where it can be expressed
     as one hub dataset or file of single-turn records, else the offline corpus, recorded."""
@@ -212,21 +220,18 @@ def dataset_sections(given: dict, lf: dict, base: str, rec: Record, model: str |
     if "cutoff_len" in given:
         rec.mapped("cutoff_len", "data.block_size")
     packing = given.get("packing")
-    packed = packing if packing is not None else lf["stage"] == "pt"
-    if packed:
+    if (packing if packing is not None else lf["stage"] == "pt"):
         if "packing" in given:
             rec.mapped("packing", "packed blocks of data.block_size tokens (how every corpus is tokenised)")
     else:
         rec.substituted(
             "packing",
             f"{'not set (false for sft)' if packing is None else packing}: samples packed into blocks of "
-            "cutoff_len tokens instead of one padded, truncated sample per row",
+            "cutoff_len tokens, each kept apart (train.separate_documents: its own positions, no attention across) "
+            "instead of one padded, truncated sample per row",
         )
     if "neat_packing" in given:
-        if given["neat_packing"]:
-            rec.substituted("neat_packing", "true: packed samples attend to each other (no per-sample mask)")
-        else:
-            rec.mapped("neat_packing", "plain packing")
+        rec.mapped("neat_packing", "train.separate_documents" if given["neat_packing"] else "plain packing")
     val = given.get("val_size", lf["val_size"])
     if isinstance(val, float) and 0 < val <= 0.5:
         data["val_fraction"] = val
@@ -369,6 +374,7 @@ def train_keys(given: dict, hf: dict, lf: dict, rec: Record) -> tuple[dict, int 
     t["seed"] = int(hf["seed"])
     t["log_every"] = positive_int(rec, "logging_steps", hf["logging_steps"])
     t["checkpoint_every"] = 0
+    t["separate_documents"] = not packed_together(given, lf)
     t["max_train_samples"] = None
     for key, where in (
         ("per_device_train_batch_size", "train.micro_batch_size"),

@@ -21,7 +21,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from workflow_scripts.training.strategies.engine import input_ids, targets
+from workflow_scripts.training.strategies.engine import model_inputs, targets
 
 IGNORE = -100
 
@@ -84,4 +84,4 @@ def forward_loss(module, tokens: torch.Tensor, ctx) -> torch.Tensor:
     """RunContext.forward_loss under train.chunked_loss: the head gets the targets, the model returns the loss."""
     ctx.chunked_head.chunked_targets = tokens
     with ctx.precision.autocast(ctx.device.type):
-        return module(input_ids=input_ids(tokens)).logits
+        return module(**model_inputs(tokens, ctx)).logits

@@ -137,6 +137,11 @@ def setup(spec: dict) -> Run:
 
     data, blocks, val, vocab = load_data(spec)
     seq_len = data["block_size"]
+    if t.get("separate_documents"):
+        if "eos_id" not in data:
+            raise ValueError(f"train.separate_documents: {spec['data']['manifest']} names no eos_id (prepared "
+                             "before documents could be told apart): delete the study's data_dir folder and rerun")
+        ctx.document_eos = int(data["eos_id"])
     clock.mark("data")
     model = make_model(spec, vocab, seq_len)
     clock.mark("model")

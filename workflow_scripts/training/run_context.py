@@ -44,6 +44,9 @@ class RunContext:
     parallel: dict = field(default_factory=dict)  # what each model-parallel dimension did (into the summary)
     pipeline_schedule: str = "1f1b"  # train.pipeline_schedule, for layouts with pp > 1
     compiled: bool = False  # the blocks, or the whole model, compiled around the strategy's hooks (levers.apply)
+    # train.separate_documents: the EOS id after which a packed block's next document starts (its positions from
+    # 0, no attention to the one before: strategies/engine.model_inputs); None: the block is one sequence
+    document_eos: int | None = None
     _mesh: object = field(default=None, repr=False, compare=False)
     _data_mesh: object = field(default=None, repr=False, compare=False)
 

@@ -30,6 +30,26 @@ def input_ids(tokens: torch.Tensor) -> torch.Tensor:
     return torch.where(tokens < 0, -tokens - 1, tokens)
 
 
+def document_positions(ids: torch.Tensor, eos: int) -> torch.Tensor:
+    """Position ids that start again from 0 after each EOS token: each document of a packed block is its own
+    sequence. Given to the model, transformers builds a block-diagonal causal mask from them (masking_utils:
+    find_packed_sequence_indices; flash-attention: its variable-length kernels), so no token attends across a
+    document boundary, and absolute position embeddings count from each document's start."""
+    steps = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)
+    starts = torch.zeros_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, :-1] == eos
+    return steps - torch.where(starts, steps, 0).cummax(dim=-1).values
+
+
+def model_inputs(tokens: torch.Tensor, ctx: RunContext) -> dict:
+    """What the model is called with for a micro-batch: its ids, and under train.separate_documents the
+    positions that keep the block's documents apart (document_positions)."""
+    ids = input_ids(tokens)
+    if ctx.document_eos is None:
+        return {"input_ids": ids}
+    return {"input_ids": ids, "position_ids": document_positions(ids, ctx.document_eos)}
+
+
 def targets(tokens: torch.Tensor) -> torch.Tensor:
     """The ids a loss predicts, -100 (cross_entropy's ignore_index) where the token is context only."""
     return torch.where(tokens < 0, -100, tokens)
@@ -93,7 +113,7 @@ class Engine:
         if self.cuda_graphs:  # the previous call's graph outputs may be overwritten from here on
             torch.compiler.cudagraph_mark_step_begin()
         with self.ctx.precision.autocast(self.ctx.device.type):
-            logits = self.module(input_ids=input_ids(tokens)).logits
+            logits = self.module(**model_inputs(tokens, self.ctx)).logits
         loss = (self.ctx.loss_fn or lm_loss)(logits, tokens)
         return loss.clone() if self.cuda_graphs and not torch.is_grad_enabled() else loss  # kept by evaluate
 
