@@ -18,7 +18,8 @@ from conftest import overlay, snakemake
 BENCH = {"model": "gpt2-tiny", "world_size": 2, "strategies": ["zero2"], "rounds": 1,
          "trainer_settings": ["eager", "liger"], "harness": {}, "ceiling": {"compile": False},
          "levers": [{"name": "eager", "train": {}},
-                    {"name": "compiled", "train": {"compile_loss": True, "compile_blocks": True}}]}
+                    {"name": "compiled", "train": {"compile_loss": True}}]}  # the loss alone: compiling blocks
+# on two CPU cores costs minutes of the suite, and the recording and the numerics are the same for every lever
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +102,11 @@ def test_levers_keep_the_loss_and_are_recorded(bench):
     assert (levers.status == "ok").all()
     eager = pd.read_csv(bench / "levers/eager/r0/metrics.csv")
     compiled = pd.read_csv(bench / "levers/compiled/r0/metrics.csv")
-    assert (eager.loss - compiled.loss).abs().max() < 1e-3  # compiled blocks and loss: same training
+    assert (eager.loss - compiled.loss).abs().max() < 1e-3  # the compiled loss: same training
     settings = json.loads((bench / "levers/compiled/r0/strategy_settings.json").read_text())
-    assert settings["harness"]["compile_blocks"] and settings["harness"]["compile_loss"]
+    assert settings["harness"]["compile_loss"] and not settings["harness"]["compile_blocks"]
     summary = json.loads((bench / "levers/compiled/r0/summary.json").read_text())
-    assert summary["compile_blocks"] is True
+    assert summary["compile_loss"] is True and summary["compile_blocks"] is False
 
 
 def test_bench_config_errors_name_the_key(default_study):
