@@ -201,7 +201,7 @@ def test_the_chunked_loss_gives_the_heads_loss_and_gradients():
 
     for dtype, grad_tol in ((torch.float32, 1e-6), (torch.bfloat16, 2e-3)):
         autocast = lambda device: torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32)  # noqa: E731
-        ctx = types.SimpleNamespace(chunked_head=chunked.lm_head, device=torch.device("cpu"),
+        ctx = types.SimpleNamespace(chunked_head=chunked.lm_head, device=torch.device("cpu"), document_eos=None,
                                     precision=types.SimpleNamespace(autocast=autocast))
         plain.zero_grad(), chunked.zero_grad()
         with autocast("cpu"):
