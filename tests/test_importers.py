@@ -356,7 +356,8 @@ def test_an_unknown_key_is_one_error_naming_the_file_and_the_key(peer, tmp_path,
     )
     with pytest.raises(ImportRefused) as err:
         imported(bad, world=WORLD)
-    assert f"{bad}: unknown key per_device_train_batchsize" in str(err.value)
+    assert f"{bad}: unknown key per_device_train_batchsize (did you mean per_device_train_batch_size?)" in str(
+        err.value)
     cfg = json.loads((peer["dir"] / "ds_z2.json").read_text())
     cfg["zero_optimization"]["reduce_bucket_sise"] = 1
     typo = write(tmp_path / "typo.json", cfg)
@@ -465,7 +466,9 @@ def test_a_strategy_from_a_deepspeed_json_runs_as_its_stage_with_the_studys_batc
 @pytest.mark.parametrize("entry,content,expected", [
     ({"name": "zero3"}, {"zero_optimization": {"stage": 3}}, "'zero3' is a registry strategy's name"),
     ({"name": "mine"}, {"zero_optimization": {"stage": 3, "stage3_prefetch_buket_size": 10}},
-     "stage3_prefetch_buket_size: unknown key"),
+     "stage3_prefetch_buket_size: unknown key, did you mean stage3_prefetch_bucket_size?"),
+    ({"name": "mine"}, {"trian_batch_size": 8, "zero_optimization": {"stage": 2}},
+     "unknown key trian_batch_size (did you mean train_batch_size?)"),
     ({"name": "mine"}, {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}},
      "offload at stage 1"),
     ({"name": "mine"}, None, "no such file"),

@@ -19,6 +19,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from ..schema import did_you_mean
+
 
 class ImportRefused(ValueError):
     """An import that cannot be written: unknown keys, values without a counterpart, files that disagree. The
@@ -34,6 +36,7 @@ class Record:
     data: dict | None = None  # the file as read (Record.sweep)
     notes: dict = field(default_factory=dict)  # key -> (what, detail): mapped / substituted / not applied
     unknown: list = field(default_factory=list)
+    hints: dict = field(default_factory=dict)  # unknown key -> the closest known name (schema.did_you_mean)
     refused: list = field(default_factory=list)
 
     @property
@@ -59,6 +62,7 @@ class Record:
         for key in data:
             if key not in known and f"{prefix}{key}" not in self.unknown:
                 self.unknown.append(f"{prefix}{key}")
+                self.hints[f"{prefix}{key}"] = did_you_mean(key, known)
 
     def substitutions(self) -> list[tuple[str, str]]:
         """(key, text) of this file's lines of the study's `substitutions`: one per substituted key, one for all its
@@ -98,7 +102,8 @@ class Record:
     def problems(self) -> list[str]:
         out = []
         if self.unknown:
-            out.append(f"{self.path}: unknown key{'s' if len(self.unknown) > 1 else ''} {', '.join(self.unknown)}")
+            named = ", ".join(f"{key} ({self.hints[key]})" if key in self.hints else key for key in self.unknown)
+            out.append(f"{self.path}: unknown key{'s' if len(self.unknown) > 1 else ''} {named}")
         out += [f"{self.path}: {line}" for line in self.refused]
         return out
 
