@@ -493,3 +493,58 @@ def test_a_study_with_a_strategy_file_plans_and_a_bad_one_stops_before_any_job(t
     write(tmp_path / "ds_z2.json", {"zero_optimization": {"stage": 2, "contigous_gradients": True}})
     done = snakemake(REPO, "-n", "--nolock", "--configfile", study, check=False)
     assert done.returncode != 0 and "ds_z2.json: contigous_gradients: unknown key" in done.stderr + done.stdout
+
+
+def test_a_study_imported_from_one_yaml_per_variant_trains_into_one_table(tmp_path):
+    """ML815's shape, written here: a local model directory (weights, tokenizer and config, as a cluster downloads
+    it once), a local MetaMathQA-like dataset named in dataset_info.json, and one LLaMA-Factory YAML per variant
+    that differ only in their DeepSpeed JSON. Imported, then run on the default CPU setup (two gloo ranks) with
+    only the sizes a CPU can train: one table, one row per variant, each fine-tuned from the saved weights."""
+    import pandas as pd
+    import torch
+    from conftest import run
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rows = [{"query": f"What is {i} plus {i + 1}?", "response": f"The answer is {2 * i + 1}."} for i in range(300)]
+    write(tmp_path / "data" / "metamath.jsonl", "\n".join(json.dumps(r) for r in rows))
+    write(tmp_path / "data" / "dataset_info.json",
+          {"mathqa": {"file_name": "metamath.jsonl", "columns": {"prompt": "query", "response": "response"}}})
+    model = tmp_path / "tiny-llama"
+    run(["workflow_scripts.data.tokenizer", "--params", json.dumps({"kind": "bpe", "vocab_size": 300}),
+         "--corpus", write(tmp_path / "text.jsonl", "\n".join(json.dumps({"text": r["query"] + " " + r["response"]})
+                                                            for r in rows)), "--out", str(model)])
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=300, max_position_embeddings=128, bos_token_id=0,
+                                 eos_token_id=0)).save_pretrained(model)
+    auto = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"}}
+    yamls = []
+    for name, stage in (("z1", 1), ("z2", 2)):
+        write(tmp_path / f"ds_{name}.json", {**auto, "zero_optimization": {"stage": stage, "overlap_comm": False}})
+        yamls.append(write(tmp_path / f"sft_{name}.yaml", f"""model_name_or_path: tiny-llama
+stage: sft
+finetuning_type: full
+dataset: mathqa
+dataset_dir: data
+template: qwen
+cutoff_len: 64
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 2
+learning_rate: 3.0e-3
+max_steps: 6
+lr_scheduler_type: cosine
+warmup_ratio: 0.2
+deepspeed: ds_{name}.json
+"""))
+    study = tmp_path / "imported.yaml"
+    assert main([*yamls, "--world-size", "2", "--out", str(study)]) == 0
+    sizes = write(tmp_path / "cpu.yaml", yaml.safe_dump({
+        "platform": "cpu", "results_dir": str(tmp_path / "results"), "work_dir": str(tmp_path / "work"),
+        "train": {"precision": "fp32", "log_every": 2, "eval_batches": 1, "gradient_checkpointing": False}}))
+    snakemake(REPO, f"{tmp_path}/results/tables/runs.csv", "--configfile", str(study), sizes)
+    runs = pd.read_csv(tmp_path / "results/tables/runs.csv")
+    assert sorted(runs.strategy) == ["zero1", "zero2"] and set(runs.status) == {"ok"}
+    assert set(runs.model) == {"tiny-llama"} and set(runs.micro_batch) == {4}
+    assert (runs.final_loss < runs.initial_loss).all()
+    assert (runs.initial_loss < math.log(300) + 0.5).all()  # the saved weights' loss, on the answers only
