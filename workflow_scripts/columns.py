@@ -71,7 +71,8 @@ VRAM_COLUMNS = list(VRAM_TYPES)
 # predicted ones need not be. compile_model: whether the whole model was compiled, compiled_module: what was
 # (torch.compile(DistributedDataParallel, mode=default), ...). initialisation: "random", or "pretrained: <hub id or
 # directory>" (the run spec's `pretrained`); substitutions: those the run's provenance records, "; " between them
-# ("" where none, empty where the run has no provenance).
+# ("" where none, empty where the run has no provenance); strategy_source: for a study's strategy from a DeepSpeed JSON
+# the file and the registry strategy it runs as ("ds_z3.json as zero3"), "" for the registry's own.
 RUN_TYPES = {
     "run_id": TEXT, "study": TEXT, "model": TEXT, "strategy": TEXT, "family": TEXT, "zero_stage": INT,
     "layout": TEXT, "world_size": INT, "repeat": INT, "platform": TEXT, "device_name": TEXT, "precision": TEXT,
@@ -89,7 +90,7 @@ RUN_TYPES = {
     "predicted_tokens_per_s": FLOAT, "predicted_step_note": TEXT, "val_accuracy_initial": FLOAT,
     "val_accuracy_final": FLOAT, "trainable_params": INT, "compile_blocks": BOOL, "compile_loss": BOOL,
     "compile_model": BOOL, "compiled_module": TEXT, "compile_mode": TEXT, "compile_auto": TEXT,
-    "initialisation": TEXT, "substitutions": TEXT, "provenance": TEXT, "settings": TEXT, "run_dir": TEXT,
+    "initialisation": TEXT, "substitutions": TEXT, "strategy_source": TEXT, "provenance": TEXT, "settings": TEXT, "run_dir": TEXT,
 }
 RUN_COLUMNS = list(RUN_TYPES)
 # the run table's columns a reader takes as text, not numbers (the bools too: report/tables.parse_bool reads them)

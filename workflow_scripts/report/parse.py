@@ -172,6 +172,7 @@ def run_row(run_dir: Path, tables_dir: Path, steps: list[dict], rates=None) -> d
     row["in_figures"] = bool(strategy.in_figures) if strategy else True
     row["initialisation"] = initialisation(spec)
     row["substitutions"] = substitutions(provenance) if provenance is not None else None
+    row["strategy_source"] = strategy_source(spec)
     row["provenance"] = os.path.relpath(run_dir / C.PROVENANCE, tables_dir)
     row["settings"] = os.path.relpath(run_dir / C.SETTINGS, tables_dir)
     row["run_dir"] = os.path.relpath(run_dir, tables_dir)
@@ -189,6 +190,13 @@ def compiled_module(summary: dict) -> dict:
 def initialisation(spec: dict) -> str:
     """Where the run's weights started: "random", or "pretrained: <the run spec's `pretrained`>"."""
     return "random" if spec.get("pretrained") is None else f"pretrained: {spec['pretrained']}"
+
+
+def strategy_source(spec: dict) -> str:
+    """Where the run's strategy came from: "<file> as <registry strategy>" for a study's strategy from a DeepSpeed
+    JSON (the run spec's `strategy_source`), "" for the registry's own."""
+    source = spec.get("strategy_source")
+    return f"{os.path.basename(source['deepspeed'])} as {source['base']}" if source else ""
 
 
 def substitutions(provenance: dict) -> str:

@@ -44,7 +44,7 @@ METRICS = ["time_per_epoch_s", "train_time_s", "tokens_per_s", "samples_per_s", 
 # configuration: taken from the group's first successful run (the same for every repeat)
 CONFIG = ["world_size", "family", "zero_stage", "platform", "device_name", "precision", "n_params", "n_layer",
           "seq_len", "micro_batch", "grad_accum", "effective_batch", "tokens_per_step", "epochs", "train_samples",
-          "in_figures"]
+          "in_figures", "strategy_source"]
 
 MEMORY_SOURCES = {
     "sampler": ("d", "device-wide peak from the NVML/amdsmi sampler (includes the CUDA/HIP context)"),
@@ -377,6 +377,10 @@ def footnotes(summary: pd.DataFrame) -> list[str]:
         where = layout_word(row["layout"], row["world_size"], row["platform"])
         lines.append(f"{row['strategy']} ({row['model']}, {where}), "
                      f"{row['status_detail'] or row['status']}: {row['reason']}")
+    sources = summary.loc[summary["strategy_source"].fillna("").astype(bool), ["strategy", "strategy_source"]]
+    for strategy, source in dict(sources.drop_duplicates("strategy").values).items():
+        lines.append(f"{strategy}: the study's strategy from {source} (its ZeRO settings, the study's batch, "
+                     "optimizer and precision).")
     hidden = order_strategies(summary.loc[~summary["in_figures"].astype(bool), "strategy"])
     if hidden:
         lines.append(f"Left out of the figures (in the table only): {', '.join(hidden)}.")
