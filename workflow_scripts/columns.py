@@ -90,7 +90,8 @@ RUN_TYPES = {
     "predicted_tokens_per_s": FLOAT, "predicted_step_note": TEXT, "val_accuracy_initial": FLOAT,
     "val_accuracy_final": FLOAT, "trainable_params": INT, "compile_blocks": BOOL, "compile_loss": BOOL,
     "compile_model": BOOL, "compiled_module": TEXT, "compile_mode": TEXT, "compile_auto": TEXT,
-    "initialisation": TEXT, "substitutions": TEXT, "strategy_source": TEXT, "provenance": TEXT, "settings": TEXT, "run_dir": TEXT,
+    "initialisation": TEXT, "substitutions": TEXT, "strategy_source": TEXT, "provenance": TEXT, "settings": TEXT,
+    "run_dir": TEXT,
 }
 RUN_COLUMNS = list(RUN_TYPES)
 # the run table's columns a reader takes as text, not numbers (the bools too: report/tables.parse_bool reads them)
