@@ -155,6 +155,9 @@ def test_every_tracker_holds_the_runs_scalars_and_provenance_names_its_run(repea
     acc.Reload()
     assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(steps.loss.tolist(), rel=1e-5)
     assert [e.step for e in acc.Scalars("train/learning_rate")] == steps.step.tolist()
+    host = pd.read_csv(run / "vram.csv").query("device == -1").used_bytes / 2**30  # the sampler's host rows
+    sampled = [e.value for e in acc.Scalars("memory/host_used_gib")]  # the highest since the previous log
+    assert sampled and all(min(abs(host - v)) < 1e-6 * v for v in sampled)
 
     (history,) = (run / tracked["wandb"]["dir"]).glob(f"run-{tracked['wandb']['run_id']}.wandb")
     rows = wandb_history(history)
@@ -168,6 +171,24 @@ def test_every_tracker_holds_the_runs_scalars_and_provenance_names_its_run(repea
     assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(steps.loss.tolist())
     (val,) = client.get_metric_history(tracked["mlflow"]["run_id"], "val/loss")
     assert val.value == pytest.approx(summary["val_loss_final"])
+
+
+def test_the_trackers_read_the_samplers_rows_as_it_writes_them(tmp_path):
+    """Each call: the highest device-wide and host bytes of the whole rows written since the previous call, in GiB;
+    a line still being written waits for the next call; no new row, nothing."""
+    from workflow_scripts.training.trackers import SamplerTail
+
+    path = tmp_path / "vram.csv"
+    tail = SamplerTail(path)
+    assert tail.peaks() == {}  # the sampler has not started
+    header = "time_unix,t_s,backend,device,used_bytes,total_bytes,process_bytes,step\n"
+    path.write_text(header + "1,0.0,nvml,0,3221225472,8,1,\n1,0.1,nvml,0,2147483648,8,1,\n1,0.1,host,-1,1073741824"
+                    ",8,1,\n1,0.2,nvml,0,53687")
+    assert tail.peaks() == {"device_used_gib": 3.0, "host_used_gib": 1.0}
+    assert tail.peaks() == {}
+    with open(path, "a") as f:
+        f.write("09120,8,1,3\n")  # the rest of the last row: 5368709120 bytes, 5 GiB
+    assert tail.peaks() == {"device_used_gib": 5.0}
 
 
 def test_a_study_without_trackers_imports_none_of_them():

@@ -50,7 +50,7 @@ from workflow_scripts.training.run_context import RunContext
 from workflow_scripts.training.strategies import get as get_strategy
 from workflow_scripts.training.strategies.base import Strategy
 from workflow_scripts.training.strategies.engine import Engine
-from workflow_scripts.training.trackers import Trackers
+from workflow_scripts.training.trackers import SamplerTail, Trackers
 from workflow_scripts.units import GIB
 
 
@@ -192,6 +192,10 @@ class StepLog:
                                      {"model": run.spec["model"], "strategy": run.spec["strategy"],
                                       "layout": run.spec["layout"], "precision": run.spec["precision"],
                                       "batch": run.spec["batch"], "train": run.t})
+            self.sampler = SamplerTail(run.out_dir / C.VRAM)
+            self.device_name = torch.cuda.get_device_name(run.ctx.device) if run.ctx.device.type == "cuda" else "cpu"
+            self.flops_per_token = model_flops_per_token(run.spec["model"], run.n_params, run.seq_len, run.trainable,
+                                                         run.spec.get("model_overrides"))
 
     def add(self, step: int, loss: torch.Tensor, lr: float, marks: dict) -> None:
         self.pending.append({"step": step, "loss": loss, "lr": lr, "marks": marks, "wall": time.time()})
@@ -212,10 +216,15 @@ class StepLog:
             self.rows.append(self._row(p, loss))
         if self.trackers is not None:
             memory = device_memory(run.ctx.device)
-            for r in self.rows[-len(self.pending):]:
+            logged = self.rows[-len(self.pending):]
+            for r in logged:
+                tokens_per_s = r["tokens"] / r["step_time_s"]
+                sampled = self.sampler.peaks() if r is logged[-1] else {}  # since the previous logged step
                 self.trackers.log(r["step"], {**{k: r[k] for k in ("loss", "lr", "step_time_s", "forward_s",
                                                                     "backward_s", "optimizer_s")},
-                                              "tokens_per_s": r["tokens"] / r["step_time_s"], **memory})
+                                              "tokens_per_s": tokens_per_s, **memory, **sampled,
+                                              "mfu": M.mfu(self.flops_per_token, tokens_per_s, run.ctx.world_size,
+                                                           self.device_name)})
             self.trackers.flush()
         if run.ctx.rank == 0:
             r = self.rows[-1]

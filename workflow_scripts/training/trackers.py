@@ -8,15 +8,18 @@ Biases run, an MLflow run, each in the run's folder and none needing a network o
   keeps the file store in maintenance mode, so MLFLOW_ALLOW_FILE_STORE is set for it).
 
 Every tracker gets the same scalars under the names a Trainer or torchtitan user reads (SCALARS): per logged step
-the loss, learning rate, step time and its phases, tokens/s and, on a GPU, the allocator's memory; at the end the
-validation loss. Each tracker's run id and folder (relative to the run's folder) go into the run's provenance
-(`facts`).
+the loss, learning rate, step time and its phases, tokens/s, MFU (on a GPU with a known peak), the allocator's memory
+(on a GPU) and the VRAM sampler's highest device-wide and host memory since the previous logged step (SamplerTail,
+from the rows the sampler has written to the run's vram.csv); at the end the validation loss. Each tracker's run id
+and folder (relative to the run's folder) go into the run's provenance (`facts`).
 """
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
+
+from workflow_scripts.units import GIB
 
 # tracker -> the module it needs, the requirement that installs it, and how envs/setup.sh installs it
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -26,8 +29,9 @@ SETUP = "bash envs/setup.sh --trackers"
 # the metrics.csv column (or the value computed from it) -> the scalar's name in every tracker
 SCALARS = {"loss": "train/loss", "lr": "train/learning_rate", "step_time_s": "train/step_time_s",
            "forward_s": "train/forward_s", "backward_s": "train/backward_s", "optimizer_s": "train/optimizer_s",
-           "tokens_per_s": "train/tokens_per_s", "allocated_gib": "memory/allocated_gib",
-           "reserved_gib": "memory/reserved_gib", "val_loss": "val/loss"}
+           "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "allocated_gib": "memory/allocated_gib",
+           "reserved_gib": "memory/reserved_gib", "device_used_gib": "memory/device_used_gib",
+           "host_used_gib": "memory/host_used_gib", "val_loss": "val/loss"}
 
 
 def missing(names: list[str]) -> list[str]:
@@ -107,6 +111,35 @@ class Trackers:
     def facts(self) -> dict:
         """Each tracker's run id and folder, for the run's provenance."""
         return dict(self._facts)
+
+
+class SamplerTail:
+    """The VRAM sampler's rows as it writes them (whole lines, about once a second, to the run's vram.csv): at each
+    call the highest `used_bytes` of the rows written since the previous call, over the devices (device >= 0, the
+    device-wide figure) and for the host (device -1), in GiB; none where no row came (or no sampler runs)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.columns = Path(path), 0, None
+
+    def peaks(self) -> dict:
+        if not self.path.exists():
+            return {}
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        whole = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self.offset += len(whole)
+        device, host = [], []
+        for line in whole.decode().splitlines():
+            cells = line.split(",")
+            if self.columns is None:
+                self.columns = {name: i for i, name in enumerate(cells)}
+                continue
+            used = cells[self.columns["used_bytes"]]
+            if used:
+                (host if int(cells[self.columns["device"]]) < 0 else device).append(int(used))
+        return ({"device_used_gib": max(device) / GIB} if device else {}) | (
+            {"host_used_gib": max(host) / GIB} if host else {})
 
 
 def _flat(settings: dict, prefix: str = "") -> dict:
