@@ -160,3 +160,35 @@ def test_damaged_token_files_stop_the_launcher_before_any_rank(token_data, tmp_p
     with open(tmp_path / "val.npy", "r+b") as f:
         f.truncate((tmp_path / "val.npy").stat().st_size // 2)
     assert "the file was cut or replaced" in launch.data_problems(spec)[1]
+
+
+def test_a_chat_record_masks_its_prompt_tokens_as_worked_by_hand(tmp_path):
+    """A word-level tokenizer with its own chat template, two records: every token up to and including the
+    template's `<assistant>` is context (-(id + 1)); the answer, the turn's `<end>` and the EOS are trained. Worked by
+    hand: 8 context tokens and 3 trained per record, 16 masked labels of 22."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from workflow_scripts.training.strategies.engine import input_ids, targets
+
+    words = ["<unk>", "<eos>", "<user>", "<assistant>", "<end>", "what", "is", "two", "plus", "four", "three", "six"]
+    vocab = {w: i for i, w in enumerate(words)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>")
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} <end> {% endfor %}"
+                         "{% if add_generation_prompt %}<assistant> {% endif %}")
+    tok.save_pretrained(tmp_path / "tok")
+    chats = [("what is two plus two", "four"), ("what is three plus three", "six")]
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps({"messages": [
+        {"role": "user", "content": q}, {"role": "assistant", "content": a}]}) for q, a in chats))
+    m = tokenize_data.tokenize(str(tmp_path / "c.jsonl"), str(tmp_path / "tok"), 11, 0.0, 1,
+                               str(tmp_path / "train.npy"), str(tmp_path / "val.npy"), str(tmp_path / "m.json"))
+    blocks = np.load(tmp_path / "train.npy")
+    ctx = lambda *ids: [-i - 1 for i in ids]  # noqa: E731  (context tokens as stored)
+    assert blocks.tolist() == [ctx(2, 5, 6, 7, 8, 7, 4, 3) + [9, 4, 1], ctx(2, 5, 6, 10, 8, 10, 4, 3) + [11, 4, 1]]
+    labels = targets(torch.from_numpy(blocks))
+    assert int((labels == -100).sum()) == 16 and labels[0, 8:].tolist() == [9, 4, 1]
+    assert input_ids(torch.from_numpy(blocks))[1].tolist() == [2, 5, 6, 10, 8, 10, 4, 3, 11, 4, 1]
+    assert m["trained_token_fraction"] == pytest.approx(6 / 22) and m["chat_template"] == "the tokenizer's own"
