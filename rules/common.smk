@@ -15,9 +15,13 @@ from workflow_scripts.training.graceful_stop import (
 )
 from workflow_scripts.training.layout import Layout
 
-# the schema and its defaults, then the strategies given as DeepSpeed JSON files named (importers/
+# every config file's substitutions, the schema and its defaults, then the strategies given as DeepSpeed JSON files named (importers/
 # study_strategies.py), then the checks that need both
 try:
+    config_check.add_up_substitutions(
+        config,
+        [os.path.join(workflow.basedir, "config.yaml"), *workflow.overwrite_configfiles],
+    )
     config_check.fill_defaults(
         config, os.path.join(workflow.basedir, "schemas/config.schema.yaml")
     )

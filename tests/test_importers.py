@@ -540,7 +540,7 @@ deepspeed: ds_{name}.json
     mine = {"name": "my_z2", "deepspeed": str(tmp_path / "ds_z2.json")}
     sizes = write(tmp_path / "cpu.yaml", yaml.safe_dump({
         "platform": "cpu", "results_dir": str(tmp_path / "results"), "work_dir": str(tmp_path / "work"),
-        "strategies": ["zero1", "zero2", mine],
+        "strategies": ["zero1", "zero2", mine], "substitutions": ["cpu: a tiny model, a few steps"],
         "train": {"precision": "fp32", "log_every": 2, "eval_batches": 1, "gradient_checkpointing": False}}))
     tables = tmp_path / "results/tables"
     snakemake(REPO, f"{tables}/runs.csv", f"{tables}/summary.md", "--configfile", str(study), sizes)
@@ -549,6 +549,8 @@ deepspeed: ds_{name}.json
     assert set(runs.model) == {"tiny-llama"} and set(runs.micro_batch) == {4} and set(runs.grad_accum) == {2}
     assert (runs.final_loss < runs.initial_loss).all()
     assert (runs.initial_loss < math.log(300) + 0.5).all()  # the saved weights' loss, on the answers only
+    imported_lines = yaml.safe_load(study.read_text())["substitutions"]  # kept under the overlay's own line
+    assert all(r.split("; ") == [*imported_lines, "cpu: a tiny model, a few steps"] for r in runs.substitutions)
     assert dict(zip(runs.strategy, runs.strategy_source)) == {"zero1": "", "zero2": "", "my_z2": "ds_z2.json as zero2"}
     settings = json.loads((tmp_path / "results/runs/tiny-llama/my_z2/ws2/r0/strategy_settings.json").read_text())
     ds = settings["deepspeed_config"]

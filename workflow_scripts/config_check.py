@@ -548,6 +548,24 @@ def validate_study(config: dict, schema_path: str, planning: bool = False) -> No
     check(config, planning=planning)
 
 
+def add_up_substitutions(config: dict, config_files: list) -> None:
+    """`substitutions` of every config file in order, each line once: Snakemake replaces a list with a later file's,
+    which would drop a study's own lines (an imported study's) under an overlay that records its own
+    (studies/offline_gpu.yaml). Lines given otherwise (`--config`) come after the files'."""
+    import yaml
+
+    lines = []
+    for path in config_files:
+        text = Path(path).read_text(encoding="utf-8") if Path(path).is_file() else ""
+        data = yaml.safe_load(text) if text else None
+        given = data.get("substitutions") if isinstance(data, dict) else None
+        lines += given if isinstance(given, list) else []
+    given = config.get("substitutions")
+    lines += given if isinstance(given, list) else []
+    if lines:
+        config["substitutions"] = list(dict.fromkeys(lines))
+
+
 def fill_defaults(config: dict, schema_path: str) -> None:
     """Every schema violation at once (one line each), then Snakemake's validation filling the defaults."""
     from snakemake.utils import validate
