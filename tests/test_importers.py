@@ -489,7 +489,9 @@ def test_a_study_with_a_bad_strategy_file_stops_before_any_job(tmp_path, no_stud
     study = write(tmp_path / "study.yaml", yaml.safe_dump({"strategies": ["ddp", {"name": "my_z2", "deepspeed": bad}],
                                                          "results_dir": str(tmp_path / "r")}))
     done = snakemake(REPO, "-n", "--nolock", "--configfile", study, check=False)
-    assert done.returncode != 0 and "ds_z2.json: contigous_gradients: unknown key" in done.stderr + done.stdout
+    said = done.stderr + done.stdout
+    assert done.returncode != 0
+    assert "ds_z2.json: contigous_gradients: unknown key, did you mean contiguous_gradients?" in said
 
 
 def test_a_study_imported_from_one_yaml_per_variant_trains_into_one_table(tmp_path):
