@@ -15,8 +15,8 @@ from workflow_scripts.training.graceful_stop import (
 )
 from workflow_scripts.training.layout import Layout
 
-# every config file's substitutions, the schema and its defaults, then the strategies given as DeepSpeed JSON files named (importers/
-# study_strategies.py), then the checks that need both
+# every config file's substitutions, the schema and its defaults, then the strategies given as DeepSpeed JSON
+# files named (importers/study_strategies.py), then the checks that need both
 try:
     config_check.add_up_substitutions(
         config,

@@ -19,7 +19,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from ..schema import did_you_mean
+from workflow_scripts.schema import did_you_mean
 
 
 class ImportRefused(ValueError):
