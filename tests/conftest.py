@@ -102,6 +102,31 @@ def token_data(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
+def short_documents(token_data, tmp_path_factory) -> dict:
+    """token_data's texts cut into documents of 8 lines (tens of tokens each), tokenised by its tokenizer into
+    64-token blocks: most blocks hold a document boundary (an EOS), for runs that keep documents apart."""
+    d = tmp_path_factory.mktemp("short_documents")
+    with open(token_data["corpus"]) as f, open(d / "corpus.jsonl", "w") as out:
+        for record in map(json.loads, f):
+            lines = record["text"].splitlines()
+            for i in range(0, len(lines), 8):
+                if "".join(lines[i:i + 8]).strip():
+                    out.write(json.dumps({"text": "\n".join(lines[i:i + 8])}) + "\n")
+    run(["workflow_scripts.data.tokenize", "--corpus", str(d / "corpus.jsonl"), "--tokenizer", token_data["tokenizer"],
+         "--block-size", "64", "--val-fraction", "0.1", "--threads", "1", "--train", str(d / "train.npy"),
+         "--val", str(d / "val.npy"), "--manifest", str(d / "tokens.json")])
+    return {"train": str(d / "train.npy"), "val": str(d / "val.npy"), "manifest": str(d / "tokens.json")}
+
+
+def boundaries(data: dict) -> float:
+    """The share of training blocks that hold a document boundary (an EOS not at the block's end)."""
+    import numpy as np
+
+    eos = json.loads(Path(data["manifest"]).read_text())["eos_id"]
+    return float((np.load(data["train"])[:, :-1] == eos).any(axis=1).mean())
+
+
+@pytest.fixture(scope="session")
 def default_study(tmp_path_factory) -> Path:
     """The shipped default study (config.yaml), run once with `snakemake --cores all` in a fresh copy."""
     wd = copy_workflow(tmp_path_factory.mktemp("study") / "wf")
@@ -146,7 +171,7 @@ def run_layout(token_data, tmp_path, name, model, strategy, layout, **train) -> 
     session with the same settings is not repeated)."""
     import pandas as pd
 
-    key = (model, strategy, json.dumps(layout, sort_keys=True), json.dumps(train, sort_keys=True))
+    key = (token_data["train"], model, strategy, json.dumps(layout, sort_keys=True), json.dumps(train, sort_keys=True))
     if key in _LAYOUT_RUNS:
         return _LAYOUT_RUNS[key]
     from workflow_scripts.training.layout import Layout

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import boundaries
 from conftest import run_layout as run
 
 
@@ -39,3 +40,15 @@ def test_pipeline_layouts_refuse_what_they_cannot_run():
     assert zero.startswith("layouts[0]: dp2-pp2 with strategy zero2: model-parallel layouts compose")
     (accum,) = run_problems(layout, STRATEGIES["ddp"], {"grad_accum": 1}, "layouts[0]")
     assert "train.grad_accum (the pipeline's micro-batches) >= 2" in accum
+
+
+def test_pipeline_stages_keep_documents_apart_as_the_data_parallel_run_does(short_documents, tmp_path):
+    """train.separate_documents under dp2-pp2: the first stage derives the documents' positions and every stage
+    masks by them, so the run trains as the pure data-parallel run with its documents apart (transformers' mask from
+    the position ids), not as one whose documents see each other."""
+    _, want = run(short_documents, tmp_path, "gpt2_1d_apart", "gpt2-tiny", "ddp", {"dp": 2}, separate_documents=True)
+    _, got = run(short_documents, tmp_path, "gpt2_2d_apart", "gpt2-tiny", "ddp", {"dp": 2, "pp": 2},
+                 separate_documents=True)
+    assert boundaries(short_documents) > 0.3  # (packed positions change the logits: tests/test_documents.py)
+    assert got[:2] == pytest.approx(want[:2], abs=1e-5)
+    assert got == pytest.approx(want, abs=5e-3)

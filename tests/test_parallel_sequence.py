@@ -8,6 +8,7 @@ bound."""
 from __future__ import annotations
 
 import pytest
+from conftest import boundaries
 from conftest import run_layout as run
 
 
@@ -42,3 +43,13 @@ def test_bad_sequence_layouts_name_the_key():
     (gpt2,) = model_problems(Layout(dp=1, cp=2), "gpt2-tiny", "layouts[0]")
     assert "gpt2-tiny (gpt2) has no Ulysses attention" in gpt2
     assert any("cp and pp do not compose" in p for p in run_problems(Layout(dp=1, pp=2, cp=2), get("fsdp"), {}, "l"))
+
+
+def test_ulysses_keeps_documents_apart_as_the_data_parallel_run_does(short_documents, tmp_path):
+    """train.separate_documents under cp 2: each shard's positions are its part of the documents' whole-sequence
+    positions and the whole-sequence attention is masked by them, as transformers masks the 1D run."""
+    _, want = run(short_documents, tmp_path, "fsdp_1d_apart", "qwen2-tiny", "fsdp", {"dp": 1}, separate_documents=True)
+    _, got = run(short_documents, tmp_path, "fsdp_cp_apart", "qwen2-tiny", "fsdp", {"dp": 1, "cp": 2},
+                 separate_documents=True)
+    assert boundaries(short_documents) > 0.3  # (packed positions change the logits: tests/test_documents.py)
+    assert got == pytest.approx(want, abs=1e-5)

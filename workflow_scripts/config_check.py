@@ -471,10 +471,6 @@ def layout_problems(config: dict) -> list[str]:
             out += unimplemented(layout, f"{where}[{j}]")
             out += [p for m in g["models"] for p in model_problems(layout, m, f"{where}[{j}]")]
             train = {**config["train"], **g.get("train", {})}
-            apart = [k for k in ("pp", "cp") if int(layout.degrees().get(k, 1)) > 1]
-            if train.get("separate_documents") and apart:
-                out.append(f"{where}[{j}]: train.separate_documents is not implemented under {'/'.join(apart)} "
-                           f"({layout.key}: its stages and shards build their own positions)")
             if train.get("compile_model") is True and not layout.data_only:
                 out.append(f"{where}[{j}]: train.compile_model compiles data-parallel layouts only ({layout.key}); "
                            f"use train.compile_blocks")

@@ -11,16 +11,24 @@ from torch import nn
 from workflow_scripts.training.grad_norm import clip_, local
 from workflow_scripts.training.parallel._data_engine import data_parallel_engine
 from workflow_scripts.training.parallel.pipeline import stage_layers
-from workflow_scripts.training.strategies.engine import Engine, input_ids, lm_loss
+from workflow_scripts.training.strategies.engine import (
+    Engine,
+    document_mask,
+    document_positions,
+    input_ids,
+    lm_loss,
+)
 
 
 class Stage(nn.Module):
     """One pipeline stage of a GPT-2 or Qwen2 (dense or MoE) causal LM:
     [embeddings] -> blocks -> [final norm -> LM head]."""
 
-    def __init__(self, model: nn.Module, family: str, layers: range, first: bool, last: bool, tied: bool):
+    def __init__(self, model: nn.Module, family: str, layers: range, first: bool, last: bool, tied: bool,
+                 eos: int | None = None):
         super().__init__()
-        self.family, self.first, self.last, self.tied = family, first, last, tied
+        self.family, self.first, self.last, self.tied, self.eos = family, first, last, tied, eos
+        self.eager = model.config._attn_implementation == "eager"
         base = model.transformer if family == "gpt2" else model.model
         blocks = base.h if family == "gpt2" else base.layers
         self.blocks = nn.ModuleList(blocks[i] for i in layers)
@@ -34,20 +42,30 @@ class Stage(nn.Module):
         if family != "gpt2":  # the Qwen families: rotary position embeddings
             self.rotary = base.rotary_emb
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None):
+        """Tokens (the first stage) or the previous stage's hidden states. With documents kept apart (`eos`, from
+        train.separate_documents) the first stage derives their positions and every stage hands them on with its
+        hidden states, so each stage masks attention at the same document boundaries."""
         h = x
         if self.first:
             x = input_ids(x)
+            positions = (document_positions(x, self.eos) if self.eos is not None
+                         else torch.arange(x.shape[1], device=x.device).unsqueeze(0))
             h = self.embed(x)
             if self.family == "gpt2":
                 h = self.drop(h + self.wpe(positions))
+        elif positions is None:
+            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
         extra = {}
+        if self.eos is not None:
+            extra["attention_mask"] = document_mask(positions, self.eager)
         if self.family != "gpt2":
-            extra = {"position_embeddings": self.rotary(h, positions), "position_ids": positions}
+            extra |= {"position_embeddings": self.rotary(h, positions), "position_ids": positions}
         for block in self.blocks:
             h = block(h, **extra)
-        return self.head(self.norm(h)) if self.last else h
+        if self.last:
+            return self.head(self.norm(h))
+        return (h, positions) if self.eos is not None else h
 
 
 def tied_groups(layout, rank: int):
@@ -160,7 +178,8 @@ def build(strategy, model: nn.Module, ctx, family: str) -> PipelineEngine:
     layers = stage_layers(len(model.transformer.h if family == "gpt2" else model.model.layers), ctx.layout.pp,
                           coords["pp"])
     tied = bool(getattr(model.config, "tie_word_embeddings", False))  # and so must the two end stages be
-    stage = Stage(model, family, layers, first=coords["pp"] == 0, last=coords["pp"] == ctx.layout.pp - 1, tied=tied)
+    stage = Stage(model, family, layers, first=coords["pp"] == 0, last=coords["pp"] == ctx.layout.pp - 1, tied=tied,
+                  eos=ctx.document_eos)
     _ = ctx.mesh  # created once, shared with the inner engine's copy of the context
     inner = data_parallel_engine(strategy, stage, dataclasses.replace(ctx, grad_clip=0.0))
     return PipelineEngine(inner, stage, ctx, ctx.pipeline_schedule)

@@ -6,15 +6,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workflow_scripts.training.strategies.engine import input_ids, targets
+from workflow_scripts.training.strategies.engine import document_mask, document_positions, input_ids, targets
+
+# the whole sequence's positions of the micro-batch being trained, where train.separate_documents keeps its
+# documents apart (forward_loss sets them before the model runs; a recomputation in the backward of the same
+# micro-batch finds them unchanged), else None: causal over the whole sequence
+WHOLE = {"positions": None}
 
 
 def attention(cp: int, group):
     from deepspeed.sequence.layer import DistributedAttention
 
     def local(q, k, v, scaling=None):  # [B, T, H/cp, D]: the whole sequence, this rank's heads
+        positions = WHOLE["positions"]
+        mask = None if positions is None else document_mask(positions)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=True, scale=scaling, enable_gqa=k.size(2) != q.size(2))
+                                           attn_mask=mask, is_causal=mask is None, scale=scaling,
+                                           enable_gqa=k.size(2) != q.size(2))
         return o.transpose(1, 2)
 
     distributed = DistributedAttention(local, group, scatter_idx=2, gather_idx=1)
@@ -38,7 +46,11 @@ def forward_loss(module: nn.Module, tokens: torch.Tensor, ctx) -> torch.Tensor:
     n = length // cp
     shifted = torch.cat([targets(tokens)[:, 1:], tokens.new_full((batch, 1), -100)], dim=1)
     labels = shifted[:, r * n:(r + 1) * n]
-    positions = torch.arange(r * n, (r + 1) * n, device=tokens.device).expand(batch, n)
+    if ctx.document_eos is None:
+        positions = torch.arange(r * n, (r + 1) * n, device=tokens.device).expand(batch, n)
+    else:  # each document from 0 over the whole sequence; this rank's shard of them
+        WHOLE["positions"] = document_positions(input_ids(tokens), ctx.document_eos)
+        positions = WHOLE["positions"][:, r * n:(r + 1) * n]
     with ctx.precision.autocast(ctx.device.type):
         logits = module(input_ids=input_ids(tokens[:, r * n:(r + 1) * n]), position_ids=positions).logits
     summed = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1).long(),

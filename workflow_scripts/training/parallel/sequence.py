@@ -6,7 +6,9 @@ embeddings, norms, MLP, LM head and loss run on that shard. In attention, one al
 shards into head shards (heads / cp per rank over the whole sequence), causal SDPA runs, and a second all-to-all
 turns the output back. RoPE gets the shard's global positions; the labels are shifted on the whole sequence
 before sharding (no target is lost at a shard border); each rank's loss is its shard's summed cross-entropy over
-the micro-batch's count of trained targets, times cp, so the mean over the dp x cp ranks is exactly the 1D loss. The
+the micro-batch's count of trained targets, times cp, so the mean over the dp x cp ranks is exactly the 1D loss.
+With train.separate_documents the positions are each document's over the whole sequence (the shard gets its part)
+and the whole-sequence SDPA takes their block-diagonal mask instead of is_causal. The
 data-parallel dimension therefore runs over the flattened dp x cp mesh (`RunContext.data_mesh`): parameters are
 replicated or sharded over it and their gradients averaged over it.
 

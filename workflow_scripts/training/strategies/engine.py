@@ -41,6 +41,20 @@ def document_positions(ids: torch.Tensor, eos: int) -> torch.Tensor:
     return steps - torch.where(starts, steps, 0).cummax(dim=-1).values
 
 
+def document_mask(positions: torch.Tensor, eager: bool = False, dtype=torch.float32) -> torch.Tensor:
+    """The block-diagonal causal mask of document_positions' positions, [B, 1, T, T]: a token sees the earlier
+    tokens of its own document only. For the layouts whose stages and shards call the blocks themselves (pipeline,
+    Ulysses): True where it may attend (SDPA's boolean mask), or with `eager` 0 / dtype's lowest (the additive mask
+    transformers' eager attention adds)."""
+    documents = (positions == 0).cumsum(-1)
+    n = positions.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=positions.device).tril()
+    keep = (documents[:, :, None] == documents[:, None, :]) & causal
+    if not eager:
+        return keep[:, None]
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)[:, None]
+
+
 def model_inputs(tokens: torch.Tensor, ctx: RunContext) -> dict:
     """What the model is called with for a micro-batch: its ids, and under train.separate_documents the
     positions that keep the block's documents apart (document_positions)."""
