@@ -20,7 +20,10 @@ from workflow_scripts.training.layout import Layout
 try:
     config_check.add_up_substitutions(
         config,
-        [os.path.join(workflow.basedir, "config.yaml"), *workflow.overwrite_configfiles],
+        [
+            os.path.join(workflow.basedir, "config.yaml"),
+            *workflow.overwrite_configfiles,
+        ],
     )
     config_check.fill_defaults(
         config, os.path.join(workflow.basedir, "schemas/config.schema.yaml")
