@@ -453,6 +453,9 @@ def test_a_strategy_from_a_deepspeed_json_runs_as_its_stage_with_the_studys_batc
     assert options["reduce_bucket_size"] == 128 * 128  # the Trainer's hidden^2, gpt2-tiny's n_embd 128
     spec = study.resolve(cfg, "gpt2-tiny", "my_z3", 2, 0, {}, "o", "w", [])
     assert spec.strategy_source["base"] == "zero3" and spec.strategy_source["deepspeed"] == path
+    from workflow_scripts.report.parse import strategy_source
+
+    assert strategy_source(spec.to_dict()) == "ds_z3.json as zero3"  # its runs' strategy_source cell
     assert spec.options == options and spec.micro_batch == 4 and spec.batch["accum"] == 2
     clip = [s for s in spec.substitutions if "gradient_clipping" in s]
     assert clip == ["my_z3 (ds_z3.json): gradient_clipping: 1: the study's 0.5 (train.grad_clip: one batch "
@@ -538,25 +541,22 @@ deepspeed: ds_{name}.json
 """))
     study = tmp_path / "imported.yaml"
     assert main([*yamls, "--world-size", "2", "--out", str(study)]) == 0
-    # beside the imported variants, a strategy straight from the stage-2 JSON ("auto" everywhere: the study's)
-    mine = {"name": "my_z2", "deepspeed": str(tmp_path / "ds_z2.json")}
     sizes = write(tmp_path / "cpu.yaml", yaml.safe_dump({
         "platform": "cpu", "results_dir": str(tmp_path / "results"), "work_dir": str(tmp_path / "work"),
-        "strategies": ["zero1", "zero2", mine], "substitutions": ["cpu: a tiny model, a few steps"],
+        "substitutions": ["cpu: a tiny model, a few steps"],
         "train": {"precision": "fp32", "log_every": 2, "eval_batches": 1, "gradient_checkpointing": False}}))
     tables = tmp_path / "results/tables"
     snakemake(REPO, f"{tables}/runs.csv", f"{tables}/summary.md", "--configfile", str(study), sizes)
     runs = pd.read_csv(tables / "runs.csv", keep_default_na=False)
-    assert sorted(runs.strategy) == ["my_z2", "zero1", "zero2"] and set(runs.status) == {"ok"}
+    assert sorted(runs.strategy) == ["zero1", "zero2"] and set(runs.status) == {"ok"}
     assert set(runs.model) == {"tiny-llama"} and set(runs.micro_batch) == {4} and set(runs.grad_accum) == {2}
     assert (runs.final_loss < runs.initial_loss).all()
     assert (runs.initial_loss < math.log(300) + 0.5).all()  # the saved weights' loss, on the answers only
     imported_lines = yaml.safe_load(study.read_text())["substitutions"]  # kept under the overlay's own line
     assert all(r.split("; ") == [*imported_lines, "cpu: a tiny model, a few steps"] for r in runs.substitutions)
-    assert dict(zip(runs.strategy, runs.strategy_source)) == {"zero1": "", "zero2": "", "my_z2": "ds_z2.json as zero2"}
-    settings = json.loads((tmp_path / "results/runs/tiny-llama/my_z2/ws2/r0/strategy_settings.json").read_text())
+    assert dict(zip(runs.strategy, runs.strategy_source)) == {"zero1": "", "zero2": ""}  # imported as the registry's
+    settings = json.loads((tmp_path / "results/runs/tiny-llama/zero2/ws2/r0/strategy_settings.json").read_text())
     ds = settings["deepspeed_config"]
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], ds["train_batch_size"]) == (
         4, 2, 4 * 2 * 2)
     assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 1.0  # the Trainer's max_grad_norm
-    assert "my_z2: the study's strategy from ds_z2.json as zero2" in (tables / "summary.md").read_text()

@@ -46,9 +46,10 @@ def test_pipeline_stages_keep_documents_apart_as_the_data_parallel_run_does(shor
     """train.separate_documents under dp2-pp2: the first stage derives the documents' positions and every stage
     masks by them, so the run trains as the pure data-parallel run with its documents apart (transformers' mask from
     the position ids), not as one whose documents see each other."""
-    _, want = run(short_documents, tmp_path, "gpt2_1d_apart", "gpt2-tiny", "ddp", {"dp": 2}, separate_documents=True)
+    _, want = run(short_documents, tmp_path, "gpt2_1d_apart", "gpt2-tiny", "ddp", {"dp": 2},
+                  separate_documents=True, max_steps=4)
     _, got = run(short_documents, tmp_path, "gpt2_2d_apart", "gpt2-tiny", "ddp", {"dp": 2, "pp": 2},
-                 separate_documents=True)
+                 separate_documents=True, max_steps=4)
     assert boundaries(short_documents) > 0.3  # (packed positions change the logits: tests/test_documents.py)
     assert got[:2] == pytest.approx(want[:2], abs=1e-5)
     assert got == pytest.approx(want, abs=5e-3)

@@ -48,8 +48,9 @@ def test_bad_sequence_layouts_name_the_key():
 def test_ulysses_keeps_documents_apart_as_the_data_parallel_run_does(short_documents, tmp_path):
     """train.separate_documents under cp 2: each shard's positions are its part of the documents' whole-sequence
     positions and the whole-sequence attention is masked by them, as transformers masks the 1D run."""
-    _, want = run(short_documents, tmp_path, "fsdp_1d_apart", "qwen2-tiny", "fsdp", {"dp": 1}, separate_documents=True)
+    _, want = run(short_documents, tmp_path, "fsdp_1d_apart", "qwen2-tiny", "fsdp", {"dp": 1},
+                  separate_documents=True, max_steps=4)
     _, got = run(short_documents, tmp_path, "fsdp_cp_apart", "qwen2-tiny", "fsdp", {"dp": 1, "cp": 2},
-                 separate_documents=True)
+                 separate_documents=True, max_steps=4)
     assert boundaries(short_documents) > 0.3  # (packed positions change the logits: tests/test_documents.py)
     assert got == pytest.approx(want, abs=1e-5)
