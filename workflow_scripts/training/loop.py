@@ -193,9 +193,7 @@ class StepLog:
                                       "layout": run.spec["layout"], "precision": run.spec["precision"],
                                       "batch": run.spec["batch"], "train": run.t})
             self.sampler = SamplerTail(run.out_dir / C.VRAM)
-            self.device_name = torch.cuda.get_device_name(run.ctx.device) if run.ctx.device.type == "cuda" else "cpu"
-            self.flops_per_token = model_flops_per_token(run.spec["model"], run.n_params, run.seq_len, run.trainable,
-                                                         run.spec.get("model_overrides"))
+            self.device_name, self.flops_per_token = device_name(run.ctx.device), flops_per_token(run)
 
     def add(self, step: int, loss: torch.Tensor, lr: float, marks: dict) -> None:
         self.pending.append({"step": step, "loss": loss, "lr": lr, "marks": marks, "wall": time.time()})
@@ -380,12 +378,22 @@ def finish(run: Run, rows: list[dict], val_losses: tuple[float, float], resumed_
     return summary
 
 
+def device_name(device) -> str:
+    """The GPU's name as MFU's peak table knows it, "cpu" on the CPU."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def flops_per_token(run: Run) -> float:
+    """The model FLOPs of one trained token (measure/metrics: MFU's numerator)."""
+    return model_flops_per_token(run.spec["model"], run.n_params, run.seq_len, run.trainable,
+                                 run.spec.get("model_overrides"))
+
+
 def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], memory: list[list[float]]) -> dict:
     """The run's row of the study table (before the launcher adds the sampler's peaks)."""
     spec, ctx, strategy = run.spec, run.ctx, run.strategy
     shape = model_spec(spec["model"], spec.get("model_overrides"))
-    device_name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
-    fpt = model_flops_per_token(spec["model"], run.n_params, run.seq_len, run.trainable, spec.get("model_overrides"))
+    device, fpt = device_name(ctx.device), flops_per_token(run)
     steps_per_epoch, total_steps, cuda = run.batches.steps_per_epoch, run.total_steps, ctx.device.type == "cuda"
     epoch_wall = {}
     for r in rows:
@@ -395,7 +403,7 @@ def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], mem
         "status": C.OK, "run_id": spec["run_id"], "model": spec["model"], "strategy": spec["strategy"],
         "family": strategy.family, "zero_stage": strategy.zero_stage, "layout": ctx.layout.key,
         "parallel": ctx.parallel, "world_size": ctx.world_size, "dp_size": ctx.dp_size,
-        "repeat": spec["repeat"], "platform": spec["platform"], "device_name": device_name,
+        "repeat": spec["repeat"], "platform": spec["platform"], "device_name": device,
         "precision": ctx.precision.name, "precision_detail": ctx.precision.detail,
         "n_params": run.n_params, "n_layer": shape.n_layer, "d_model": shape.d_model, "seq_len": run.seq_len,
         "vocab_size": run.vocab, "tokenizer_vocab_size": run.tokenizer_vocab, "micro_batch": ctx.micro_batch,
@@ -406,8 +414,8 @@ def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], mem
         "timing_warmup_steps": run.t["timing_warmup_steps"],
         "epoch_time_s": [epoch_wall[e] for e in sorted(epoch_wall)],
         "train_time_s": sum(r["step_time_s"] for r in rows),
-        "flops_per_token": fpt, "peak_tflops": M.peak_tflops(device_name),
-        **M.timing(rows, steps_per_epoch, ctx.world_size, fpt, device_name, run.t["checkpoint_every"]),
+        "flops_per_token": fpt, "peak_tflops": M.peak_tflops(device),
+        **M.timing(rows, steps_per_epoch, ctx.world_size, fpt, device, run.t["checkpoint_every"]),
         "peak_allocated_bytes": max(g[0] for g in memory) if cuda else None,
         "peak_reserved_bytes": max(g[1] for g in memory) if cuda else None,
         "peak_allocated_bytes_per_rank": [g[0] for g in memory] if cuda else None,
