@@ -5,7 +5,7 @@ import sys
 
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
-from workflow_scripts import columns, config_check, container_image, study
+from workflow_scripts import columns, config_check, container_image, schema, study
 from workflow_scripts.importers import study_strategies
 from workflow_scripts.report import figure_registry
 from workflow_scripts.report.report_hook import write_report_after_success
@@ -322,22 +322,9 @@ def bench_config(table):
 
 
 def plan_config(*extra):
-    """The config sections the plan and scale rules depend on (rules/plan.smk), as JSON."""
-    keys = (
-        "plan",
-        "platform",
-        "train",
-        "data",
-        "images",
-        "tokenizer",
-        "models",
-        "strategies",
-        "world_sizes",
-        "groups",
-        "layouts",
-        "model_overrides",
-        "strategy_options",
-    ) + extra
+    """The config sections the plan and scale rules read (rules/plan.smk: the schema's `x-plan` keys and `extra`),
+    as JSON."""
+    keys = schema.plan_keys() + extra
     return json.dumps({k: config[k] for k in keys if k in config}, sort_keys=True)
 
 

@@ -163,6 +163,16 @@ def launch_spec(token_data, tmp_path, name, nodes=1, **top) -> Path:
     return path
 
 
+def by_hand(**fields):
+    """A run spec made by hand for a test of one of its readers (study.from_request: a one-rank CPU run of gpt2-tiny
+    under ddp in fp32, every key `fields` leave out the schema's default)."""
+    from workflow_scripts import study
+
+    base = {"run_id": "by-hand", "study": "tests", "model": "gpt2-tiny", "strategy": "ddp", "world_size": 1,
+            "repeat": 0, "platform": "cpu", "precision": "fp32", "data": {}, "out_dir": "out", "work_dir": "work"}
+    return study.from_request({**base, **fields})
+
+
 _LAYOUT_RUNS: dict = {}  # (model, strategy, layout, train) -> (summary, losses): reference runs shared by tests
 
 

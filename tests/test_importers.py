@@ -455,7 +455,7 @@ def test_a_strategy_from_a_deepspeed_json_runs_as_its_stage_with_the_studys_batc
     assert spec.strategy_source["base"] == "zero3" and spec.strategy_source["deepspeed"] == path
     from workflow_scripts.report.parse import strategy_source
 
-    assert strategy_source(spec.to_dict()) == "ds_z3.json as zero3"  # its runs' strategy_source cell
+    assert strategy_source(spec) == "ds_z3.json as zero3"  # its runs' strategy_source cell
     assert spec.options == options and spec.micro_batch == 4 and spec.batch["accum"] == 2
     clip = [s for s in spec.substitutions if "gradient_clipping" in s]
     assert clip == ["my_z3 (ds_z3.json): gradient_clipping: 1: the study's 0.5 (train.grad_clip: one batch "

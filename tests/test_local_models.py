@@ -225,7 +225,7 @@ def test_the_run_spec_carries_the_models_source_and_its_config_hash(tmp_path, mo
     assert again.model_source["config_sha256"] != spec.model_source["config_sha256"]
     assert resume_hash(again.to_dict()) != before
     monkeypatch.delenv(M.MODELS_ENV)  # a shell without the workflow's environment
-    M.register_from(again.to_dict())
+    M.register_from(again)
     assert M.own_models() == {"my-gpt2": path}
     assert "model_source" not in study.resolve(config, "gpt2-tiny", "ddp", 2, 0, {}, **kw).to_dict()
 

@@ -8,11 +8,12 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from conftest import REPO, copy_workflow, snakemake
+from conftest import REPO, by_hand, copy_workflow, snakemake
 
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan.predict import count_params, shape
 from workflow_scripts.plan.traced import layer_saved_bytes
+from workflow_scripts.training.layout import Layout
 
 SMALL = {"rms and layer-norm statistics, logsumexp": 0.005}  # what the hand count leaves out, relative
 
@@ -105,14 +106,24 @@ def test_cpu_autocast_differs_from_cuda_where_the_readme_says():
 
 
 def plan_config(**plan):
-    config = {"plan": {"gpu_memory_gib": 80, "headroom_gib": 2, "models": ["gpt2-large"],
-                       "strategies": ["ddp", "zero3", "zero3_offload"], "gpus": [1, 2],
-                       "micro_batches": [2, 8, 16], "precision": None, "seq_len": None, "vocab": 50257, **plan},
-              "train": {"precision": "bf16-mixed", "grad_accum": 1, "gradient_checkpointing": False,
-                        "compile_blocks": False, "compile_loss": False, "vocab_multiple": 64, "embedding_rows": None},
-              "platform": "cuda", "data": {"block_size": 1024}, "tokenizer": {"kind": "hub"}, "model_overrides": {},
-              "strategy_options": {}}
-    return config
+    """A study's plan config as rule plan passes it: the schema's defaults filled in, its `x-plan` sections only."""
+    return planned({"plan": {"gpu_memory_gib": 80, "headroom_gib": 2, "models": ["gpt2-large"],
+                             "strategies": ["ddp", "zero3", "zero3_offload"], "gpus": [1, 2],
+                             "micro_batches": [2, 8, 16], "vocab": 50257, **plan},
+                    "train": {"precision": "bf16-mixed", "compile_blocks": False, "compile_loss": False},
+                    "platform": "cuda", "data": {"block_size": 1024}, "tokenizer": {"kind": "hub"}})
+
+
+def planned(config: dict) -> dict:
+    """`config` with the schema's defaults filled in (Snakemake's validation), then only the sections rule plan
+    passes to the planner (the schema's `x-plan` keys)."""
+    from workflow_scripts import config_check, schema
+
+    config = {"study": "planned", "models": config["plan"]["models"], "strategies": config["plan"]["strategies"],
+              "world_sizes": [1],
+              **json.loads(json.dumps(config))}  # the study's own runs: the plan's models and strategies
+    config_check.fill_defaults(config, str(schema.PATH))
+    return {k: config[k] for k in schema.plan_keys() if k in config}
 
 
 def test_the_planner_says_what_fits_on_known_cases():
@@ -138,7 +149,8 @@ def test_the_planner_says_what_fits_on_known_cases():
 def test_the_planner_ranks_what_fits_by_predicted_throughput():
     """With plan.calibration (the H100 kind's rate file), every candidate gets a predicted step; the ranking lists
     the ones that fit, fastest first, each with its bound; grad_accum is planned at the micro-batch it runs."""
-    from workflow_scripts.plan.planner import ranking, rows, split
+    from workflow_scripts import study
+    from workflow_scripts.plan.planner import ranking, rows
 
     config = plan_config(gpu_memory_gib=94, calibration="h100")
     frame = rows(config)
@@ -161,7 +173,8 @@ def test_the_planner_ranks_what_fits_by_predicted_throughput():
     assert fast[("zero3_offload", 1, 8)] < fast[("zero3", 1, 8)] < fast[("ddp", 1, 8)]
     config["train"]["grad_accum"] = 2
     config["strategy_options"] = {"grad_accum": {"accum_steps": 8}}
-    assert split("grad_accum", config, 16) == (4, 8) and split("ddp", config, 16) == (16, 2)
+    split = {s: study.candidate(config, "gpt2-large", s, 1, 16).batch for s in ("grad_accum", "ddp")}
+    assert split == {"grad_accum": {"micro_batch": 4, "accum": 8}, "ddp": {"micro_batch": 16, "accum": 2}}
     assert "set plan.calibration" in ranking(rows(plan_config()))[0]
 
 
@@ -258,15 +271,37 @@ def test_refuse_oom_keeps_a_run_that_would_not_fit_from_starting(tmp_path):
 
     manifest = tmp_path / "tokens_manifest.json"
     manifest.write_text(json.dumps({"block_size": 1024, "vocab_size": 50257}))
-    spec = {"model": "gpt2-large", "strategy": "ddp", "precision": "bf16-mixed", "world_size": 1,
-            "data": {"manifest": str(manifest)}, "options": {}, "layout": {}, "model_overrides": {},
-            "train": {"vocab_multiple": 64, "gradient_checkpointing": False}}
+    spec = by_hand(model="gpt2-large", precision="bf16-mixed", platform="cuda", data={"manifest": str(manifest)},
+                   train={"compile_blocks": False, "compile_loss": False})
     ctx = SimpleNamespace(micro_batch=16, accum=1)
     guard = {"gpu_memory_gib": 80, "headroom_gib": 2, "usable_bytes": 78 * 2**30}
     assert predicted_oom(spec, ctx) is None  # no guard: never refused
-    reason = predicted_oom({**spec, "memory_guard": guard}, ctx)
+    spec = spec.replace(memory_guard=guard)
+    reason = predicted_oom(spec, ctx)
     assert reason.startswith("not started: predicted device-wide peak 95.3 GiB per GPU (torch-allocated 79.9) "
                              "> 78.0 GiB usable") and "plan.refuse_oom" in reason
-    assert predicted_oom({**spec, "memory_guard": guard}, SimpleNamespace(micro_batch=8, accum=1)) is None
-    compiled = {**spec, "memory_guard": guard, "train": {**spec["train"], "compile_blocks": True}}
+    assert predicted_oom(spec, SimpleNamespace(micro_batch=8, accum=1)) is None
+    compiled = spec.replace(train={**spec.train, "compile_blocks": True})
     assert predicted_oom(compiled, ctx) is None  # the eager count only bounds it: no refusal on a bound
+
+
+@pytest.mark.parametrize("study_file", ["config.yaml", "studies/ml815.yaml"])
+def test_a_plans_candidate_is_the_studys_own_run_resolved_from_the_plans_sections_only(study_file):
+    """The planner resolves each candidate with study.resolve from the sections rule plan passes (the schema's
+    `x-plan` keys): at the study's own micro-batch it is the study's run, key for key, but for its paths."""
+    import yaml
+
+    from workflow_scripts import config_check, schema, study
+
+    config = yaml.safe_load((REPO / study_file).read_text())
+    config_check.fill_defaults(config, str(schema.PATH))
+    sections = {k: config[k] for k in schema.plan_keys() if k in config}
+    paths = ("run_id", "out_dir", "work_dir")
+    runs = study.runs(config)
+    assert runs
+    for (model, strategy, key), overrides in runs.items():
+        layout = Layout.from_key(key)
+        run = study.resolve(config, model, strategy, layout, 0, overrides, out_dir="o", work_dir="w", ops=[])
+        planned = study.candidate(sections, model, strategy, layout, run.train["micro_batch_size"])
+        assert {k: v for k, v in planned.to_dict().items() if k not in paths} == \
+            {k: v for k, v in run.to_dict().items() if k not in paths}, (model, strategy, key)

@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from conftest import REPO
 
 from workflow_scripts.plan import bound
 from workflow_scripts.plan import memory_model as mm
@@ -106,15 +107,11 @@ def test_a_host_copy_without_its_bandwidth_and_other_calibrated_host_costs_are_n
 def test_the_plan_lists_what_fits_but_is_not_modelled_with_its_footnote():
     """README's plan with `calibration: h100` (the kind's rate file has no collectives): one GPU ranked, two GPUs a
     `–` row whose footnote names the rate file and the curve."""
+    from test_memory_plan import plan_config
+
     from workflow_scripts.plan.planner import ranking, rows
 
-    config = {"plan": {"gpu_memory_gib": 80, "headroom_gib": 2, "models": ["gpt2-large"], "strategies": ["ddp"],
-                       "gpus": [1, 2], "micro_batches": [2], "precision": None, "seq_len": None, "vocab": 50257,
-                       "calibration": "h100"},
-              "train": {"precision": "bf16-mixed", "grad_accum": 1, "gradient_checkpointing": False,
-                        "compile_blocks": False, "compile_loss": False, "vocab_multiple": 64, "embedding_rows": None},
-              "platform": "cuda", "data": {"block_size": 1024}, "tokenizer": {"kind": "hub"}, "model_overrides": {},
-              "strategy_options": {}}
+    config = plan_config(strategies=["ddp"], micro_batches=[2], calibration="h100")
     frame = rows(config).set_index("gpus")
     why = "workflow_scripts/plan/rates/h100.json has no all_reduce bus-bandwidth curve"
     assert frame.loc[1, "predicted_step_s"] > 0 and frame.loc[1, "comm_share"] == 0.0
@@ -124,6 +121,21 @@ def test_the_plan_lists_what_fits_but_is_not_modelled_with_its_footnote():
     assert "| – | `ddp` | 2 | 2 | eager | – | – | – |" in lines
     assert f"– not modelled: {why}" in lines
     assert not any("not modelled" in line for line in ranking(frame.loc[[1]].reset_index()))  # all ranked
+
+
+def test_with_a_committed_calibration_of_four_gpus_the_plan_gives_two_and_four_their_communication():
+    """README's plan over 1, 2 and 4 GPUs with the committed four-H200 calibration (its measured all-reduce curves):
+    every DDP candidate ranked, the one-GPU one with no communication, two and four GPUs with some."""
+    from test_memory_plan import plan_config
+
+    from workflow_scripts.plan.planner import rows
+
+    calibration = str(REPO / "results/calibration/h200x4/calibration.json")
+    frame = rows(plan_config(strategies=["ddp"], gpus=[1, 2, 4], micro_batches=[2], calibration=calibration,
+                             gpu_memory_gib=140)).set_index("gpus")
+    assert frame["predicted_step_s"].notna().all(), frame["step_note"].tolist()
+    assert frame.loc[1, "comm_share"] == 0.0
+    assert frame.loc[2, "comm_share"] > 0.0 and frame.loc[4, "comm_share"] > 0.0
 
 
 def test_a_throughput_ratio_over_several_ranks_needs_the_curve_in_both_calibrations():

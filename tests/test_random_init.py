@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import by_hand
 
 from workflow_scripts.training import random_init
 from workflow_scripts.training.batches import make_model
@@ -27,12 +28,12 @@ def _spec(model, data, seed, lora=None, folder=None):
     train = {"vocab_multiple": 64, "embedding_rows": None, "attn_implementation": "sdpa", "seed": seed}
     if lora:
         train["lora"] = lora
-    return {"model": model, "train": train, "data": data, "model_overrides": {}, "random_init": folder}
+    return by_hand(model=model, train=train, data=data, random_init=folder)
 
 
 def _built(spec, vocab, block):
     """The model and the generator's next draws as a launch without random_init makes them."""
-    torch.manual_seed(spec["train"]["seed"])
+    torch.manual_seed(spec.train["seed"])
     model = make_model(spec, vocab, block)
     return model, torch.rand(8)
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from workflow_scripts import schema
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan import predict as pm
 from workflow_scripts.plan import step_time as st
@@ -13,6 +14,8 @@ from workflow_scripts.plan import step_time as st
 GRID = (1, 10**6)
 CURVES = {"matmul_bf16": [{"m": 1, "k": 1, "n": 1, "tflops": 100.0}],  # a calibration's curves, both masks of SDPA
           "sdpa_bf16": [{"causal": c, "seq": 1, "head_dim": 1, "tflops": 50.0} for c in (True, False)]}
+
+TRAIN = schema.filled("train", {})  # the schema's train settings, as a resolved run spec carries them
 
 
 def flat_rates(**kw) -> st.Rates:
@@ -188,7 +191,7 @@ def test_sharded_engines_add_their_hooks_per_unit_or_per_tensor(constants):
     assert st.host_seconds(z3, flat_rates()) == pytest.approx(5.4e-3)
     assert st.host_seconds(z3_blocks, flat_rates()) == pytest.approx(2.52e-3)
     plan = dict(model="gpt2-tiny", strategy="fsdp", precision="fp32", micro_batch=1, accum=1, seq_len=64, vocab=256,
-                train={})
+                train=TRAIN)
     assert st.run_for(layout={"dp": 1}, **plan).tensors == 28  # wte, wpe, ln_f's 2 and 12 a block
     assert not st.run_for(layout={"dp": 1}, **plan).hooks_per_block  # one rank: one unit (the strategy's own rule)
     assert st.run_for(layout={"dp": 2}, **plan).hooks_per_block
@@ -205,7 +208,7 @@ def test_a_recomputed_block_replays_its_forwards_launches_from_the_host(constant
     plain, full = (gpt2_run(shape=DEEP, family="deepspeed", zero_stage=3, checkpointing=c) for c in (False, True))
     assert st.host_seconds(full, flat_rates()) - st.host_seconds(plain, flat_rates()) == pytest.approx(2.4e-3)
     plan = dict(model="gpt2-tiny", strategy="fsdp", precision="fp32", micro_batch=1, accum=1, seq_len=64, vocab=256)
-    selective = st.run_for(layout={"dp": 1}, train={"gradient_checkpointing": "selective"}, **plan)
+    selective = st.run_for(layout={"dp": 1}, train={**TRAIN, "gradient_checkpointing": "selective"}, **plan)
     assert selective.selective and selective.matmuls_recomputed == 0.0
 
 
@@ -397,13 +400,14 @@ def test_the_scale_simulation_keeps_what_the_dimensions_accept_and_slows_with_th
     assert not any("pp" in k and "cp" in k for k in keys)  # cp and pp do not compose yet
     assert not any("ep" in k for k in keys)  # a dense model
     assert {layout.key for layout in scale.layouts("gpt2-medium", STRATEGIES["zero2"], 8, fast, {}, 1024)} == {"ws8"}
-    config = {"plan": {"gpu_memory_gib": 80, "headroom_gib": 2, "models": ["gpt2-medium"], "strategies": ["ddp"],
-                       "micro_batches": [4], "precision": None, "seq_len": None, "vocab": 50304,
-                       "scale": {"gpus": [8, 64]}},
-              "train": {"precision": "bf16-mixed", "grad_accum": 1, "gradient_checkpointing": False,
-                        "compile_blocks": True, "compile_loss": True, "vocab_multiple": 64, "embedding_rows": None},
-              "platform": "cuda", "data": {"block_size": 1024}, "tokenizer": {"kind": "hub"}, "model_overrides": {},
-              "strategy_options": {}}
+    from test_memory_plan import planned
+
+    config = planned({"plan": {"gpu_memory_gib": 80, "headroom_gib": 2, "models": ["gpt2-medium"],
+                               "strategies": ["ddp"], "micro_batches": [4], "vocab": 50304,
+                               "scale": {"gpus": [8, 64], "gpus_per_node": 8, "intra_node_busbw_gbs": 360.0,
+                                         "inter_node_gbs": 45.0}},
+                      "train": {"precision": "bf16-mixed", "compile_blocks": True, "compile_loss": True},
+                      "platform": "cuda", "data": {"block_size": 1024}, "tokenizer": {"kind": "hub"}})
     rates = st.load_rates(st.RATES / "h100.json")
     slow = Fabric(gpus_per_node=8, intra_node_busbw_gbs=360.0, inter_node_gbs=0.5)
 
@@ -416,7 +420,7 @@ def test_the_scale_simulation_keeps_what_the_dimensions_accept_and_slows_with_th
     assert crawl[64] < 0.5 * quick[64]  # 8 nodes on a slow link: the all-reduce is exposed
 
 
-PLANNED = dict(precision="bf16-mixed", micro_batch=1, accum=1, seq_len=64, vocab=256, train={}, layout={"dp": 1})
+PLANNED = dict(precision="bf16-mixed", micro_batch=1, accum=1, seq_len=64, vocab=256, train=TRAIN, layout={"dp": 1})
 
 
 def test_deepcompile_rows_are_not_modelled_and_say_why():
@@ -458,5 +462,5 @@ def test_a_layers_kernels_are_counted_on_the_real_layer():
 def test_a_layouts_dimensions_of_one_rank_make_no_other_run():
     # a spec that writes every dimension (dp 2, tp 1, pp 1) and one that writes only dp 2 describe the same run
     kw = dict(model="gpt2-tiny", strategy="ddp", precision="bf16-mixed", micro_batch=1, accum=1, seq_len=64,
-              vocab=512, train={}, n_params=10**6, trainable=10**6)
+              vocab=512, train=TRAIN, n_params=10**6, trainable=10**6)
     assert st.run_for(layout={"dp": 2, "tp": 1, "pp": 1}, **kw) == st.run_for(layout={"dp": 2}, **kw)

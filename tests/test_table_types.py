@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import by_hand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -67,8 +68,9 @@ def write_run(root: Path, summary_: dict, pretrained=None, substitutions=None, s
     d = root / "runs" / summary_["model"] / summary_["strategy"] / "ws2" / "r0"
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps(summary_))
-    (d / "run_spec.json").write_text(json.dumps({"run_id": summary_["run_id"], "train": {"checkpoint_every": 0},
-                                                 **({"pretrained": pretrained} if pretrained else {})}))
+    (d / "run_spec.json").write_text(by_hand(run_id=summary_["run_id"], study=summary_["study"],
+                                             model=summary_["model"], strategy=summary_["strategy"], world_size=2,
+                                             train={"checkpoint_every": 0}, pretrained=pretrained).to_json())
     (d / "strategy_settings.json").write_text("{}")
     pd.DataFrame([{"step": s, "epoch": 0, "loss": 6.0 - 0.25 * s, "lr": 1e-3, "step_time_s": 0.5, "forward_s": 0.1,
                    "backward_s": 0.3, "optimizer_s": 0.1, "tokens": 512, "samples": 8, "warmup": s == 1,

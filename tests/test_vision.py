@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import by_hand
 
 from workflow_scripts.data import images
 
@@ -54,8 +55,7 @@ def test_lora_trains_the_adapters_and_leaves_the_base_weights_bit_identical(tmp_
     images.build({"source": "synthetic", "image_size": 16, "seed": 0, "synthetic": {"classes": 4, "per_class": 8}},
                  0.1, tmp_path / "t.npy", tmp_path / "v.npy", tmp_path / "m.json")
     rows = torch.from_numpy(np.load(tmp_path / "t.npy").astype(np.int64))
-    spec = {"model": "vit-tiny-lora", "pretrained": None, "model_overrides": {},
-            "train": {"attn_implementation": "sdpa", "lora": None}}
+    spec = by_hand(model="vit-tiny-lora", train={"attn_implementation": "sdpa", "lora": None})
     torch.manual_seed(0)
     model = make_model(spec, 4, rows.shape[1])
     base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}

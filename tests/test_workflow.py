@@ -406,7 +406,7 @@ def test_the_run_spec_is_resolved_once_and_reads_back_as_written(tmp_path):
     them). The JSON reads back equal; a spec of another schema
     version, or with a key the spec does not have, is one error naming the file and the key."""
     from workflow_scripts import schema, study
-    from workflow_scripts.run_spec import RunSpec, RunSpecError
+    from workflow_scripts.run_spec import SCHEMA_VERSION, RunSpec, RunSpecError
 
     config = validated_config()
     kw = dict(out_dir="o", work_dir="w", ops=[])
@@ -423,12 +423,55 @@ def test_the_run_spec_is_resolved_once_and_reads_back_as_written(tmp_path):
     assert "trace_dir" not in ga and ga["train"] is ga.train  # the mapping view reads the JSON's keys
     path = tmp_path / "run_spec.json"
     path.write_text(ga.to_json())
-    assert RunSpec.load(path) == ga and json.loads(path.read_text())["schema_version"] == 1
+    assert RunSpec.load(path) == ga and json.loads(path.read_text())["schema_version"] == SCHEMA_VERSION
     for edit, named in (({"schema_version": 0}, "schema_version 0"), ({"epoch": 1}, "unknown key 'epoch'")):
         path.write_text(json.dumps({**ga.to_dict(), **edit}))
         with pytest.raises(RunSpecError, match=named) as err:
             RunSpec.load(path)
         assert str(err.value).startswith(str(path))
+
+
+def test_a_committed_spec_of_an_earlier_version_reads_as_this_one_through_its_migrations(tmp_path):
+    """RunSpec.committed, worked by hand: a version-0 spec (written before schema_version) gets a data-parallel
+    layout over its world size, the split its summary.json records, and the train keys added since as its run had
+    them (off); version 1's train.tensorboard becomes the spec's trackers. A train key no migration gives is one
+    error naming the file and the key; so is a version 0 spec without the summary its split is read from."""
+    from workflow_scripts import study
+    from workflow_scripts.run_spec import SCHEMA_VERSION, RunSpec, RunSpecError
+
+    now = study.resolve(validated_config(), "gpt2-tiny", "grad_accum", 2, 0, {}, out_dir="o", work_dir="w", ops=[])
+    added = ("chunked_loss", "compile_model", "compile_blocks", "compile_loss", "compile_mode", "deterministic",
+             "pipeline_schedule", "separate_documents")
+    old = {k: v for k, v in now.to_dict().items() if k not in ("schema_version", "layout", "batch", "trackers")}
+    old["train"] = {**{k: v for k, v in now.train.items() if k not in added}, "tensorboard": True}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run_spec.json").write_text(json.dumps(old))
+    with pytest.raises(RunSpecError, match=r"run_spec.json: version 0 records no micro-batch split and .*summary"):
+        RunSpec.committed(run / "run_spec.json")
+    (run / "summary.json").write_text(json.dumps({"micro_batch": 2, "grad_accum": 4}))  # as that run split it
+    got = RunSpec.committed(run / "run_spec.json")
+    assert got.schema_version == SCHEMA_VERSION and got.layout == {"dp": 2, "pp": 1, "tp": 1, "cp": 1, "ep": 1}
+    assert got.batch == {"micro_batch": 2, "accum": 4} and got.trackers == ["tensorboard"]
+    assert {k: got.train[k] for k in added} == {"chunked_loss": False, "compile_model": False,
+                                                 "compile_blocks": False, "compile_loss": False,
+                                                 "compile_mode": "default", "deterministic": False,
+                                                 "pipeline_schedule": "1f1b", "separate_documents": False}
+    assert "tensorboard" not in got.train
+    del old["train"]["lr"]  # a key older than every migration: nothing says what its run did
+    (run / "run_spec.json").write_text(json.dumps(old))
+    with pytest.raises(RunSpecError, match=r"run/run_spec.json: train.lr missing"):
+        RunSpec.committed(run / "run_spec.json")
+
+
+def test_every_committed_runs_spec_reads_through_the_one_loader():
+    """Every run of every committed set (results/**/runs/) reads as this version's spec, train keys complete."""
+    from workflow_scripts.run_spec import RunSpec
+
+    paths = sorted((REPO / "results").glob("**/runs/*/*/*/r*/run_spec.json"))
+    assert len(paths) > 100
+    for path in paths:
+        assert set(RunSpec.committed(path).train) >= {"separate_documents", "deterministic", "lr"}, path
 
 
 def test_a_spec_of_another_version_stops_the_launcher_and_the_trial_in_two_lines(tmp_path):

@@ -37,9 +37,17 @@ def _read(path: str) -> dict | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def committed_spec(against: str, spec: dict) -> dict | None:
-    return _read(str(run_dir(against, spec["model"], spec["strategy"], spec_layout(spec), spec["repeat"])
-                     / C.RUN_SPEC))
+@cache
+def _committed(path: str) -> dict | None:
+    """A committed run's spec as this version's mapping (RunSpec.committed: its migrations), None where absent."""
+    from workflow_scripts.run_spec import RunSpec
+
+    return RunSpec.committed(path).to_dict() if Path(path).exists() else None
+
+
+def committed_spec(against: str, spec) -> dict | None:
+    return _committed(str(run_dir(against, spec["model"], spec["strategy"], spec_layout(spec), spec["repeat"])
+                          / C.RUN_SPEC))
 
 
 def spec_layout(spec: dict) -> str:
@@ -120,22 +128,16 @@ def data_identity(manifest: dict | None) -> dict:
 
 
 def settings_diff(old: dict, new: dict) -> list[str]:
-    """`key: old -> new` for every setting that differs. A train setting one side does not record (a set made
-    before the key existed) counts as the schema's default; any other key one side lacks is not compared (a
-    missing value is no evidence of a change)."""
+    """`key: old -> new` for every setting that differs. Both specs are read as this version's (a set made before
+    a train key existed says, through its migration, what its run did); a key one side leaves unset (a spec's
+    optional field: no traces, no own model) is not compared, a missing value being no evidence of a change."""
     out = []
     for k in sorted(set(old) | set(new)):
-        a, b = old.get(k, _default(k)), new.get(k, _default(k))
+        a, b = old.get(k), new.get(k)
         if a is None or b is None or _same(a, b):
             continue
         out.append(f"{k}: {_short(a)} -> {_short(b)}")
     return out
-
-
-def _default(key: str):
-    from workflow_scripts import schema
-
-    return schema.default("train").get(key[len("train."):]) if key.startswith("train.") else None
 
 
 def _same(a, b) -> bool:
@@ -152,5 +154,5 @@ def _short(v) -> str:
 def run_settings(results_dir: str | Path, model: str, strategy: str, layout: str, repeat) -> dict:
     """The settings of one run of a result set, read from its files."""
     d = run_dir(results_dir, model, strategy, layout, repeat)
-    return settings(_read(str(d / C.RUN_SPEC)), _read(str(d / C.SUMMARY)), _read(str(d / C.PROVENANCE)),
+    return settings(_committed(str(d / C.RUN_SPEC)), _read(str(d / C.SUMMARY)), _read(str(d / C.PROVENANCE)),
                     _read(str(Path(results_dir) / C.TOKENS_MANIFEST)))

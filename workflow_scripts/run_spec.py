@@ -4,10 +4,13 @@ levers decided where no machine is needed), its micro-batch split (`batch`) and 
 scratch, traces). The launcher, the ranks, parse and verify read its fields; none of them derives one again.
 
 It is written into the run's folder as `run_spec.json` (`to_json`; `from_json` reads it back) with its
-`schema_version`: a spec of another version is one error naming the file, never a run with keys read as
-something else. Its mapping view (`spec["train"]`, `spec.get("trace_dir")`) reads the same keys as the JSON, so a
-reader of run_spec.json takes either. Nothing here imports torch or the training code: the Snakefile's parse
-builds every run's spec.
+`schema_version`: a spec of another version given to a run is one error naming the file, never a run with keys read
+as something else. A committed set's specs are read through `RunSpec.committed`, the one loader of specs of earlier
+versions: it applies the migrations below in order (each states what a spec of the version before meant) and then
+checks that every train key of this version is there, so a reader takes `spec.train[key]` and a key added without
+its migration fails loudly, naming the file. Readers take the fields (`spec.layout`, `spec.train["seed"]`); the
+mapping view (`spec["train"]`) is the JSON's, for what writes or compares it whole. Nothing here imports torch or
+the training code: the Snakefile's parse builds every run's spec.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # written only where set: a run without traces, a memory guard or a variant has a spec without those keys
 OPTIONAL = ("memory_guard", "profile", "trace_dir", "variant", "torch_extensions_dir", "model_source", "trackers",
             "random_init", "strategy_source")
@@ -113,6 +116,16 @@ class RunSpec(Mapping):
         return cls.from_json(Path(path).read_text(), str(path))
 
     @classmethod
+    def committed(cls, path: str | Path) -> RunSpec:
+        """A spec a run wrote, of this version or an earlier one (a committed set's), migrated to this version
+        (MIGRATIONS) and checked: every train key of this version is there. RunSpecError names the file."""
+        path = Path(path)
+        d = migrated(json.loads(path.read_text()), path.parent)
+        if problems := train_problems(d["train"], str(path)):
+            raise RunSpecError(problems[0])
+        return cls.from_dict(d, str(path))
+
+    @classmethod
     def of(cls, spec: Mapping) -> RunSpec:
         """The spec itself, or one read from a mapping that carries a spec's keys among others (a benchmark's
         runner adds its own)."""
@@ -134,3 +147,65 @@ class RunSpec(Mapping):
 
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(RunSpec))
+# keys of `train` that study.resolve adds to the schema's (why an `auto` lever was decided so; where a measured
+# decision is read) and the LoRA settings of a run that has them
+TRAIN_RESOLVED = ("compile_auto", "lever_trial", "lora")
+
+# ---------------------------------------------------------------- the versions before, and what they meant
+# version 0 (specs written before schema_version): train keys added since, each with what a run of that time did
+# (the feature did not exist: it was off), never this version's default read from the schema
+V0_TRAIN = {"chunked_loss": False, "compile_model": False, "compile_blocks": False, "compile_loss": False,
+            "compile_mode": "default", "deterministic": False,
+            "pipeline_schedule": "1f1b"}  # no pipeline stage existed: a schedule no run of that time used
+V0_BENCH = ("trainer_setting", "ceiling")  # the benchmark runner's own keys, written into its specs then
+
+
+def _from_v0(d: dict, run_dir: Path) -> dict:
+    """Version 0 -> 1: the layout (a pure data-parallel one over world_size: other layouts came with the key), the
+    micro-batch split (`batch`: the one the run's summary.json records), the train keys of V0_TRAIN."""
+    out = {k: v for k, v in d.items() if k not in V0_BENCH}
+    out.setdefault("layout", {"dp": d["world_size"], "pp": 1, "tp": 1, "cp": 1, "ep": 1})
+    if "batch" not in out:
+        summary = run_dir / "summary.json"
+        if not summary.exists():
+            raise RunSpecError(f"{run_dir / 'run_spec.json'}: version 0 records no micro-batch split and "
+                               f"{summary} is missing (the split is read from it)")
+        s = json.loads(summary.read_text())
+        out["batch"] = {"micro_batch": int(s["micro_batch"]), "accum": int(s["grad_accum"])}
+    out["train"] = {**V0_TRAIN, **d["train"]}
+    return out
+
+
+def _from_v1(d: dict, run_dir: Path) -> dict:
+    """Version 1 -> 2: train.separate_documents (before it, packed documents attended to each other: False);
+    train.tensorboard moved to the spec's `trackers` (["tensorboard"] where it was on)."""
+    train = {"separate_documents": False, **d["train"]}
+    tensorboard = train.pop("tensorboard", False)
+    trackers = d.get("trackers") or (["tensorboard"] if tensorboard else None)
+    return {**d, "schema_version": 2, "train": train, **({"trackers": trackers} if trackers else {})}
+
+
+MIGRATIONS = {0: _from_v0, 1: _from_v1}  # version -> the function that reads it as the next version
+
+
+def migrated(d: Mapping, run_dir: Path) -> dict:
+    """A spec's mapping of any earlier version as this version's (MIGRATIONS, in order)."""
+    d, version = dict(d), d.get("schema_version", 0)
+    while version != SCHEMA_VERSION:
+        if version not in MIGRATIONS:
+            raise RunSpecError(f"{run_dir / 'run_spec.json'}: schema_version {version}, this code reads up to "
+                               f"{SCHEMA_VERSION}")
+        d = {**MIGRATIONS[version](d, run_dir), "schema_version": version + 1}
+        version += 1
+    return d
+
+
+def train_problems(train: Mapping, where: str) -> list[str]:
+    """The train keys of this version a spec's train lacks, and those it has that this version does not know."""
+    from workflow_scripts import schema
+
+    known = set(schema.schema()["properties"]["train"]["properties"]) - {"precision"}
+    needed = set(schema.default("train")) - {"precision"}
+    return ([f"{where}: train.{k} missing (a key added without a migration in run_spec.MIGRATIONS)"
+             for k in sorted(needed - set(train))]
+            + [f"{where}: train.{k}: unknown key" for k in sorted(set(train) - known - set(TRAIN_RESOLVED))])

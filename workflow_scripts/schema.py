@@ -26,6 +26,11 @@ def default(*keys: str):
     return _default(node)
 
 
+def plan_keys() -> tuple[str, ...]:
+    """The top-level sections the plan and scale rules read (the schema's `x-plan: true`): their config."""
+    return tuple(k for k, v in schema()["properties"].items() if v.get("x-plan"))
+
+
 def filled(section: str, given: dict | None) -> dict:
     """A config section as a run spec carries it, the schema's defaults under the keys it gives: a spec written
     before a key existed (a committed run rerun by hand) reads the key's default from here, not from the caller."""

@@ -162,6 +162,22 @@ def resolve(config: dict, model: str, strategy: str, layout: Layout | int, repea
     return spec
 
 
+def candidate(config: dict, model: str, strategy: str, layout: Layout | int, micro_batch: int,
+              seq_len: int | None = None, precision: str | None = None) -> RunSpec:
+    """A plan's candidate (rules plan and scale): the run this study would make of `model` under `strategy` at
+    `layout` with `micro_batch` samples per optimizer-step share (train.micro_batch_size), resolved by `resolve`
+    itself: its train settings, the levers the rule decides (never a measurement: a plan runs nothing), the
+    strategy's micro-batch split, options and overrides. `seq_len`, `precision`: the plan's own, where it sets
+    them. Its paths are under the study's plan folder: it never runs."""
+    if seq_len is not None:
+        config = {**config, "data": {**config["data"], "block_size": seq_len}}
+    if not isinstance(layout, Layout):
+        layout = Layout.data_parallel(layout)
+    overrides = {"micro_batch_size": micro_batch, **({"precision": precision} if precision else {})}
+    root = f"{config['results_dir']}/plan/{model}/{strategy}/{layout.key}/mb{micro_batch}"
+    return resolve(config, model, strategy, layout, 0, overrides, out_dir=root, work_dir=root, ops=[])
+
+
 def initial_weights(config: dict, model: str) -> tuple[str | None, list[str]]:
     """The weights a run of `model` starts from (its `pretrained` source, None for a random initialisation) and the
     run's substitutions: the study's, and with `weights: random` the pretrained weights it does not load."""
@@ -228,7 +244,7 @@ def from_request(request: dict) -> RunSpec:
     its world_size and the micro-batch split of its strategy, as `resolve` gives them."""
     train = {k: v for k, v in schema.filled("train", request.get("train")).items() if k != "precision"}
     world = request["world_size"]
-    layout = request.get("layout") or Layout.data_parallel(world).degrees()
+    layout = request["layout"] if "layout" in request else Layout.data_parallel(world).degrees()
     options = request.get("options") or {}
     micro, accum = micro_and_accum({"train": train, "strategy": request["strategy"], "options": options})
     return RunSpec.from_dict({**request, "schema_version": SCHEMA_VERSION, "train": train, "layout": layout,

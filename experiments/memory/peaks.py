@@ -18,6 +18,7 @@ import pandas as pd
 
 from workflow_scripts import columns as C
 from workflow_scripts.plan.predict import predict_run
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.units import GIB
 
 
@@ -40,12 +41,12 @@ def committed_rows(results: Path) -> list[tuple[str, Path, float]]:
 def table(results: Path) -> pd.DataFrame:
     rows = []
     for name, run_dir, device in committed_rows(results):
-        spec = json.loads((run_dir / C.RUN_SPEC).read_text())
+        spec = RunSpec.committed(run_dir / C.RUN_SPEC)
         summary = json.loads((run_dir / C.SUMMARY).read_text())
         settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
         measured = summary["peak_allocated_bytes"]
-        row = {"set": name, "model": spec["model"], "strategy": spec["strategy"],
-               "layout": C.layout_key(summary.get("layout"), spec["world_size"]), "precision": spec["precision"],
+        row = {"set": name, "model": spec.model, "strategy": spec.strategy,
+               "layout": C.layout_key(summary.get("layout"), spec.world_size), "precision": spec.precision,
                "micro_batch": summary["micro_batch"], "measured_gib": measured / GIB}
         for method in ("analytic", "traced"):
             p = predict_run(spec, summary, method, settings)

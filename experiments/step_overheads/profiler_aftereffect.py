@@ -55,8 +55,8 @@ def steps(variant: str, micro_batch: int, wrap=None, blocks: bool = False) -> di
     forward = wrap(model) if wrap else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
     tokens = torch.randint(0, config.vocab_size, (micro_batch, 1024), device=device)
-    spec = {"profile": {"enabled": variant != "off", "at": "start", "wait": WINDOW.start},
-            "train": {"timing_warmup_steps": 0}, "trace_dir": tempfile.mkdtemp()}
+    spec = SimpleNamespace(profile={"enabled": variant != "off", "at": "start", "wait": WINDOW.start},
+                           train={"timing_warmup_steps": 0}, trace_dir=tempfile.mkdtemp())
     profiler = StepProfiler(spec, SimpleNamespace(rank=0, world_size=1, device=device), 0, AFTER.stop)
     assert variant == "off" or (profiler.window.start, profiler.window.stop) == (WINDOW.start, WINDOW.stop)
     marks = {}

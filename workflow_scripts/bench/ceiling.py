@@ -28,6 +28,7 @@ import torch
 
 from workflow_scripts import columns as C
 from workflow_scripts.measure import metrics as M
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.training.batches import Batches, load_data, make_model
 from workflow_scripts.training.context import from_spec
 from workflow_scripts.training.models import count_params, model_flops_per_token
@@ -38,10 +39,11 @@ SUMMARY = "ceiling_summary.json"
 
 
 def settings(spec: dict, cuda: bool) -> dict:
-    """What the loop does: compiled (default), and replayed as CUDA graphs where the device has them."""
-    given = spec.get("ceiling", {})
-    compiled = bool(given.get("compile", True))
-    return {"compile": compiled, "cuda_graphs": compiled and cuda and bool(given.get("cuda_graphs", True)),
+    """What the loop does (the spec's `ceiling`: config bench.ceiling, its defaults filled in): compiled, and
+    replayed as CUDA graphs where the device has them."""
+    given = spec["ceiling"]
+    compiled = bool(given["compile"])
+    return {"compile": compiled, "cuda_graphs": compiled and cuda and bool(given["cuda_graphs"]),
             "fused_adamw": cuda, "autocast_bf16": policy(spec["precision"]).uses_bf16}
 
 
@@ -68,7 +70,7 @@ def run(spec: dict) -> dict:
     data, blocks, _, vocab = load_data(spec)
     seq_len = data["block_size"]
     torch.manual_seed(t["seed"])
-    model = make_model(spec, vocab, seq_len).to(device)
+    model = make_model(RunSpec.of(spec), vocab, seq_len).to(device)
     n_params = count_params(model)
     s = settings(spec, cuda)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -38,6 +38,7 @@ from transformers import __version__ as TRANSFORMERS_VERSION
 from workflow_scripts import columns as C
 from workflow_scripts import schema
 from workflow_scripts.measure import metrics as M
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.training import recompute
 from workflow_scripts.training.batches import load_data, make_model
 from workflow_scripts.training.context import from_spec, process_env
@@ -161,14 +162,14 @@ def run(spec: dict) -> dict | None:
     data, blocks, _, vocab = load_data(spec)
     seq_len = data["block_size"]
     torch.manual_seed(t["seed"])
-    model = make_model(spec, vocab, seq_len)
+    model = make_model(RunSpec.of(spec), vocab, seq_len)
     n_params = count_params(model)
     steps_per_epoch = len(blocks) // ctx.effective_batch
     total_steps = min(t["epochs"] * steps_per_epoch, t.get("max_steps") or 10**12)
     warmup = t["timing_warmup_steps"]
     if total_steps <= warmup:
         raise ValueError(f"bench.trainer: {total_steps} steps leave none after {warmup} timing warm-up steps")
-    setting = spec.get("trainer_setting", "eager")
+    setting = spec["trainer_setting"]  # the harness's baseline spec names it (bench.trainer_settings)
     gloo_collectives_on_cpu(spec["platform"])  # the same collectives as ours (no-op on GPU)
     extra, recorded = strategy_arguments(spec, ctx, model)
     setting_extra, why_not = setting_arguments(setting, model)

@@ -298,24 +298,22 @@ def stop_orphaned(proc: subprocess.Popen, why: str) -> None:
     os._exit(1)
 
 
-def predicted_oom(spec: Mapping, ctx) -> str | None:
+def predicted_oom(spec: RunSpec, ctx) -> str | None:
     """With config plan.refuse_oom (spec memory_guard): why the run is not started, if the analytic memory model
     predicts a device-wide peak above the usable GPU memory; None when it fits or is not modelled."""
-    guard = spec.get("memory_guard")
+    guard = spec.memory_guard
     if not guard:
         return None
     from workflow_scripts.plan.predict import predict
     from workflow_scripts.training.levers import compiles
     from workflow_scripts.training.models import MODELS, embedding_rows
 
-    data, t = json.loads(Path(spec["data"]["manifest"]).read_text()), spec["train"]
-    p = predict(model=spec["model"], strategy=spec["strategy"], precision=spec["precision"],
-                world_size=spec["world_size"], micro_batch=ctx.micro_batch, seq_len=data["block_size"],
-                grad_accum=ctx.accum,
-                vocab=embedding_rows(data["vocab_size"], t), overrides=spec.get("model_overrides"),
-                layout=spec.get("layout"), options=spec.get("options"),
-                checkpointing=recompute.mode(t),
-                compiled=compiles(t, MODELS[spec["model"]].family, spec.get("layout")))
+    data, t = json.loads(Path(spec.data["manifest"]).read_text()), spec.train
+    p = predict(model=spec.model, strategy=spec.strategy, precision=spec.precision,
+                world_size=spec.world_size, micro_batch=ctx.micro_batch, seq_len=data["block_size"],
+                grad_accum=ctx.accum, vocab=embedding_rows(data["vocab_size"], t), overrides=spec.model_overrides,
+                layout=spec.layout, options=spec.options, checkpointing=recompute.mode(t),
+                compiled=compiles(t, MODELS[spec.model].family, spec.layout))
     if not p.modelled or p.bound or p.device <= guard["usable_bytes"]:  # an upper bound refuses nothing
         return None
     return (f"not started: predicted device-wide peak {p.device / GIB:.1f} GiB per GPU (torch-allocated "

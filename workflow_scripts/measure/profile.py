@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from workflow_scripts import schema
+from workflow_scripts.run_spec import RunSpec
 
 
 def traced_ranks(cfg: dict, world_size: int) -> list[int]:
@@ -43,12 +44,12 @@ def window(cfg: dict, timed_from: int, total_steps: int) -> range:
 class StepProfiler:
     """`with StepProfiler(...) as prof:` around the step loop; `prof.step()` after every step."""
 
-    def __init__(self, spec: dict, ctx, first_step: int, total_steps: int):
-        cfg = schema.filled("profile", spec.get("profile"))
+    def __init__(self, spec: RunSpec, ctx, first_step: int, total_steps: int):
+        cfg = schema.filled("profile", spec.profile)  # a run without profiling carries no section: the schema's
         self.enabled = bool(cfg["enabled"]) and ctx.rank in traced_ranks(cfg, ctx.world_size)
-        self.window = window(cfg, first_step + spec["train"]["timing_warmup_steps"], total_steps)
+        self.window = window(cfg, first_step + spec.train["timing_warmup_steps"], total_steps)
         self.active_from = self.window.start + cfg["warmup"]
-        self.path = Path(spec.get("trace_dir") or ".") / f"rank{ctx.rank}.json.gz"
+        self.path = Path(spec.trace_dir or ".") / f"rank{ctx.rank}.json.gz"
         self.first_step, self.cfg, self.ctx, self.prof, self.written = first_step, cfg, ctx, None, False
 
     def profiled(self, step: int) -> bool:

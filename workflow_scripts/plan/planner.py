@@ -24,6 +24,7 @@ import pandas as pd
 
 from workflow_scripts import study
 from workflow_scripts.plan.predict import predict
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.training import levers, recompute
 from workflow_scripts.training.layout import MESH_ORDER
 from workflow_scripts.training.models import MODELS, embedding_rows
@@ -71,27 +72,18 @@ def usable_bytes(plan: dict) -> float:
     return (plan["gpu_memory_gib"] - plan["headroom_gib"]) * GIB
 
 
-def resolved_train(config: dict, model: str, strategy: str, layout: dict, micro_batch: int, seq_len: int) -> dict:
-    """The candidate's train settings with `auto` levers resolved as its run spec would (training/levers.py)."""
-    evidence = levers.evidence_family(strategy, config["strategy_options"].get(strategy, {}))
-    return levers.resolve(config["train"], config["platform"], layout, MODELS[model].family,
-                          study.block_flops(config, model, micro_batch, layout, seq_len), evidence)
+def compiled(spec: RunSpec) -> bool:
+    """Whether the candidate compiles (train.compile_blocks / compile_loss, `auto` resolved in its spec)."""
+    return levers.compiles(spec.train, MODELS[spec.model].family, spec.layout)
 
 
-def compiled(config: dict, layout: dict, model: str, strategy: str, micro_batch: int, seq_len: int) -> bool:
-    """Whether the run compiles (train.compile_blocks / compile_loss, `auto` resolved as a run spec does)."""
-    t = resolved_train(config, model, strategy, layout, micro_batch, seq_len)
-    return levers.compiles(t, MODELS[model].family, layout)
-
-
-def split(strategy: str, config: dict, micro_batch: int) -> tuple[int, int]:
-    """(micro-batch of one forward, accumulation steps) of a plan's candidate, as its run would split them (a
-    strategy's own accumulation, e.g. grad_accum's, at the same effective batch: strategies.micro_and_accum)."""
-    from workflow_scripts.training.strategies import micro_and_accum
-
-    train = {**config["train"], "micro_batch_size": micro_batch}
-    return micro_and_accum({"train": train, "strategy": strategy,
-                            "options": config["strategy_options"].get(strategy, {})})
+def memory(spec: RunSpec, vocab: int, seq_len: int):
+    """The analytic memory model's prediction of a candidate (plan/predict.py) from its spec."""
+    return predict(model=spec.model, strategy=spec.strategy, precision=spec.precision,
+                   world_size=spec.world_size, micro_batch=spec.micro_batch, seq_len=seq_len,
+                   grad_accum=spec.accum, vocab=vocab, overrides=spec.model_overrides,
+                   layout={k: v for k, v in spec.layout.items() if v > 1 or k == "dp"}, options=spec.options,
+                   checkpointing=recompute.mode(spec.train), compiled=compiled(spec))
 
 
 def step_rates(plan: dict):
@@ -107,25 +99,21 @@ def step_rates(plan: dict):
         raise PlanError(f"plan.calibration: {exc}") from None
 
 
-def throughput(config: dict, rates, cell: dict, vocab: int, seq_len: int, fabric=None) -> dict:
+def throughput(spec: RunSpec, rates, vocab: int, seq_len: int, fabric=None) -> dict:
     """A candidate's predicted step (plan/step_time.py; on a simulated network: plan/fabric.py): tokens/s per GPU,
     MFU and what bounds it, or (step_note) why the model has none: a run it does not cover (step_time.not_modelled)
-    or a term whose input the rates lack (`<rates file> has no all_reduce bus-bandwidth curve`). `cell`: model,
-    strategy, micro_batch, precision, and layout (or gpus: data parallel)."""
+    or a term whose input the rates lack (`<rates file> has no all_reduce bus-bandwidth curve`)."""
     if rates is None:
         return {}
     from workflow_scripts.measure.metrics import mfu
     from workflow_scripts.plan import step_time
     from workflow_scripts.training.models import model_flops_per_token
 
-    model, strategy = cell["model"], cell["strategy"]
-    layout = cell.get("layout") or {"dp": cell["gpus"]}
-    micro, accum = cell.get("split") or split(strategy, config, cell["micro_batch"])
-    run = step_time.run_for(model=model, strategy=strategy, precision=cell["precision"], layout=layout,
-                            micro_batch=micro, accum=accum, seq_len=seq_len, vocab=vocab,
-                            train=resolved_train(config, model, strategy, layout, micro, seq_len),
-                            options=config["strategy_options"].get(strategy, {}),
-                            overrides=config["model_overrides"].get(model))
+    layout = {k: v for k, v in spec.layout.items() if v > 1 or k == "dp"}
+    micro, accum = spec.micro_batch, spec.accum
+    run = step_time.run_for(model=spec.model, strategy=spec.strategy, precision=spec.precision, layout=layout,
+                            micro_batch=micro, accum=accum, seq_len=seq_len, vocab=vocab, train=spec.train,
+                            options=spec.options, overrides=spec.model_overrides)
     if why := step_time.not_modelled(run):
         return {"step_note": why, "levers": run.levers}
     p = step_time.predict(run, rates, fabric)
@@ -133,7 +121,7 @@ def throughput(config: dict, rates, cell: dict, vocab: int, seq_len: int, fabric
         return {"step_note": p.why, "levers": run.levers, "step_notes": "; ".join(p.notes)}
     world = math.prod(layout.get(k, 1) for k in MESH_ORDER)
     per_gpu = micro * accum * seq_len * layout.get("dp", 1) / world / p.step_s  # the dp replicas' samples
-    flops = model_flops_per_token(model, run.shape.n_params, seq_len, run.trainable)
+    flops = model_flops_per_token(spec.model, run.shape.n_params, seq_len, run.trainable)
     return {"predicted_step_s": p.step_s, "predicted_tokens_per_s_per_gpu": per_gpu,
             "predicted_mfu": mfu(flops, per_gpu, 1, rates.device), "bound": p.bound, "levers": run.levers,
             "comm_share": p.parts["comm"] / p.step_s, "step_notes": "; ".join(p.notes)}
@@ -154,13 +142,8 @@ def rows(config: dict) -> pd.DataFrame:
         for strategy in strategies:
             for n in gpus:
                 for mb in plan["micro_batches"]:
-                    micro, accum = split(strategy, config, mb)
-                    p = predict(model=model, strategy=strategy, precision=precision,
-                                world_size=n, micro_batch=micro, seq_len=seq_len, grad_accum=accum,
-                                vocab=vocab, overrides=config["model_overrides"].get(model),
-                                options=config["strategy_options"].get(strategy, {}),
-                                checkpointing=recompute.mode(train),
-                                compiled=compiled(config, {"dp": n}, model, strategy, micro, seq_len))
+                    spec = study.candidate(config, model, strategy, n, mb, seq_len, precision)
+                    p = memory(spec, vocab, seq_len)
                     total, device = (p.total, p.device) if p.modelled else (None, None)
                     cell = {"model": model, "strategy": strategy, "gpus": n, "micro_batch": mb,
                             "precision": precision}
@@ -174,7 +157,7 @@ def rows(config: dict) -> pd.DataFrame:
                                 else bool(device <= usable),
                                 "method": p.method if p.modelled else "", "bound": p.bound, "note": p.why,
                                 **{f"time_{k}" if k == "bound" else k: v
-                                   for k, v in throughput(config, rates, cell, vocab, seq_len).items()}})
+                                   for k, v in throughput(spec, rates, vocab, seq_len).items()}})
     return pd.DataFrame(out)
 
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import NamedTuple
 
 from workflow_scripts.plan import memory_model as mm
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.training import recompute
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS, image_size, model_spec
@@ -177,20 +178,20 @@ def predict(*, model: str, strategy: str, precision: str, world_size: int, micro
                       ddp_wrapped=ddp_wrapped, gathered_kept=kept if gathered_kept is None else gathered_kept)
 
 
-def predict_run(spec: dict, summary: dict, method: str = "analytic", settings: dict | None = None) -> mm.Prediction:
+def predict_run(spec: RunSpec, summary: dict, method: str = "analytic", settings: dict | None = None) -> mm.Prediction:
     """From a run's run_spec.json and summary.json (ok runs: the summary has the model's size), and its
     strategy_settings.json where there is one (the engine it recorded: whether DDP wrapped the model, whether FSDP2
     kept its gathered parameters)."""
     from workflow_scripts.training.levers import compiles
 
-    t = spec["train"]
-    return predict(model=spec["model"], strategy=spec["strategy"], precision=spec["precision"],
-                   world_size=spec["world_size"], micro_batch=int(summary["micro_batch"]),
+    t = spec.train
+    return predict(model=spec.model, strategy=spec.strategy, precision=spec.precision,
+                   world_size=spec.world_size, micro_batch=int(summary["micro_batch"]),
                    seq_len=int(summary["seq_len"]), grad_accum=int(summary["grad_accum"]),
                    vocab=int(summary["vocab_size"]), n_params=int(summary["n_params"]),
-                   overrides=spec.get("model_overrides"), layout=spec.get("layout"), options=spec.get("options"),
+                   overrides=spec.model_overrides, layout=spec.layout, options=spec.options,
                    checkpointing=recompute.mode(t),
-                   compiled=compiles(t, MODELS[spec["model"]].family, spec.get("layout")), method=method,
+                   compiled=compiles(t, MODELS[spec.model].family, spec.layout), method=method,
                    trainable=summary.get("trainable_params"),
                    ddp_wrapped=str((settings or {}).get("engine", "")).startswith("torch.nn.parallel.Distributed")
                    if settings and "engine" in settings else None,

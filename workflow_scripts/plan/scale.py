@@ -23,8 +23,7 @@ import pandas as pd
 from workflow_scripts import study
 from workflow_scripts.plan import planner
 from workflow_scripts.plan.fabric import Fabric
-from workflow_scripts.plan.predict import predict
-from workflow_scripts.training import parallel, recompute
+from workflow_scripts.training import parallel
 from workflow_scripts.training.layout import Layout
 from workflow_scripts.training.models import MODELS
 from workflow_scripts.units import GIB
@@ -72,24 +71,18 @@ def candidates(config: dict, rates, fabric: Fabric) -> pd.DataFrame:
 
 
 def candidate(config, rates, fabric, model, strategy, layout: Layout, mb, vocab, seq_len, precision, usable):
-    micro, accum = planner.split(strategy, config, mb)
-    accum = max(accum, layout.pp)
-    degrees = {k: v for k, v in layout.degrees().items() if v > 1 or k == "dp"}
-    p = predict(model=model, strategy=strategy, precision=precision, world_size=layout.world_size,
-                micro_batch=micro, seq_len=seq_len, grad_accum=accum, vocab=vocab,
-                overrides=config["model_overrides"].get(model), layout=degrees,
-                options=config["strategy_options"].get(strategy, {}),
-                checkpointing=recompute.mode(config["train"]),
-                compiled=planner.compiled(config, degrees, model, strategy, micro, seq_len))
+    spec = study.candidate(config, model, strategy, layout, mb, seq_len, precision)
+    # a pipeline of pp stages has at least pp micro-batches in flight: the simulated run accumulates over as many
+    spec = spec.replace(batch={**spec.batch, "accum": max(spec.accum, layout.pp)})
+    accum = spec.accum
+    p = planner.memory(spec, vocab, seq_len)
     device = p.device if p.modelled else None
     fits = None if device is None or (p.bound and device > usable) else bool(device <= usable)
     row = {"model": model, "strategy": strategy, "gpus": layout.world_size, "layout": layout.key,
            "kind": kind(layout), "micro_batch": mb, "accum": accum, "precision": precision,
            "predicted_device_gib": None if device is None else device / GIB, "fits": fits, "memory_note": p.why}
     if fits:
-        cell = {"model": model, "strategy": strategy, "micro_batch": mb, "precision": precision, "layout": degrees,
-                "split": (micro, accum)}
-        row.update(planner.throughput(config, rates, cell, vocab, seq_len, fabric))
+        row.update(planner.throughput(spec, rates, vocab, seq_len, fabric))
     return row
 
 

@@ -79,6 +79,7 @@ from pathlib import Path
 from workflow_scripts.measure.calibrate import UNALIGNED, ZERO3_STACK_MODULES_PER_TENSOR
 from workflow_scripts.plan import memory_model as mm
 from workflow_scripts.plan.bound import BUSBW
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.training.precision import policy
 from workflow_scripts.units import GB, MB, MIB
 
@@ -877,20 +878,20 @@ def run_for(*, model: str, strategy: str, precision: str, layout: dict, micro_ba
                host_copy_bytes=host_copy_bytes(model, seq_len, vocab),
                offload_optimizer=choices.offload_optimizer, hooks_per_block=per_block,
                precision=precision,
-               deterministic=bool(train.get("deterministic")), grad_bytes=policy(precision).module_bytes,
-               grad_clip=bool(train.get("grad_clip", 1.0)),
+               deterministic=bool(train["deterministic"]), grad_bytes=policy(precision).module_bytes,
+               grad_clip=bool(train["grad_clip"]),
                deepcompile=asks_deepcompile(options), traced_ds_linear=traced_ds_linear(applied, MODELS[model].family),
                bucket=float(((applied or {}).get("ddp") or options).get("bucket_cap_mb", DDP_BUCKET / MIB)) * MIB)
 
 
-def run_of(spec: dict, summary: dict, settings: dict | None = None) -> Run:
-    """The step-time model's view of a run, from its run_spec.json and summary.json (and strategy_settings.json:
-    the levers and DDP buckets it applied)."""
-    return run_for(model=spec["model"], strategy=spec["strategy"], precision=spec["precision"],
-                   layout=spec.get("layout") or {"dp": spec["world_size"]}, micro_batch=summary["micro_batch"],
-                   accum=summary["grad_accum"], seq_len=int(summary["seq_len"]), vocab=int(summary["vocab_size"]),
-                   train=spec["train"], options=spec.get("options"), overrides=spec.get("model_overrides"),
-                   n_params=int(summary["n_params"]), trainable=summary.get("trainable_params"), applied=settings)
+def run_of(spec: RunSpec, summary: dict, settings: dict | None = None) -> Run:
+    """The step-time model's view of a run, from its run spec and summary.json (and strategy_settings.json: the
+    levers and DDP buckets it applied)."""
+    return run_for(model=spec.model, strategy=spec.strategy, precision=spec.precision, layout=spec.layout,
+                   micro_batch=summary["micro_batch"], accum=summary["grad_accum"], seq_len=int(summary["seq_len"]),
+                   vocab=int(summary["vocab_size"]), train=spec.train, options=spec.options,
+                   overrides=spec.model_overrides, n_params=int(summary["n_params"]),
+                   trainable=summary.get("trainable_params"), applied=settings)
 
 
 def run_at(run_dir: Path) -> Run:
@@ -900,5 +901,5 @@ def run_at(run_dir: Path) -> Run:
 
     run_dir = Path(run_dir)
     settings = run_dir / C.SETTINGS
-    return run_of(json.loads((run_dir / C.RUN_SPEC).read_text()), json.loads((run_dir / C.SUMMARY).read_text()),
+    return run_of(RunSpec.committed(run_dir / C.RUN_SPEC), json.loads((run_dir / C.SUMMARY).read_text()),
                   json.loads(settings.read_text()) if settings.exists() else None)

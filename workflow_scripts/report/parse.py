@@ -30,6 +30,7 @@ from workflow_scripts import columns as C
 from workflow_scripts.columns import ID_COLUMNS
 from workflow_scripts.measure.metrics import timing
 from workflow_scripts.measure.provenance import PACKAGES
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.training.strategies import STRATEGIES
 
 ARROW = {C.TEXT: pa.string(), C.BOOL: pa.bool_(), C.INT: pa.int64(), C.FLOAT: pa.float64(), C.JSON: pa.string()}
@@ -147,20 +148,20 @@ def run_name(run_dir: Path) -> str:
     return f"run {run_id} ({run_dir})" if run_id else f"run {run_dir}"
 
 
-def retimed(summary: dict, spec: dict, rows: list[dict]) -> dict:
+def retimed(summary: dict, spec: RunSpec, rows: list[dict]) -> dict:
     """Time, throughput and MFU recomputed from the per-step rows (checked: checked_csv) with the one shared rule
     (metrics.timing), so every run of a table is measured the same way."""
     if summary.get("status") != C.OK:
         return summary
     return {**summary, **timing(rows, summary["steps_per_epoch"], summary["world_size"],
                                 summary["flops_per_token"], summary["device_name"],
-                                spec["train"].get("checkpoint_every", 0))}
+                                spec.train["checkpoint_every"])}
 
 
 def run_row(run_dir: Path, tables_dir: Path, steps: list[dict], rates=None) -> dict:
     """The run's row of the run table (`steps`: its per-step rows), its values as the run's files hold them (parse
     checks them against the declared kinds)."""
-    spec = json.loads((run_dir / C.RUN_SPEC).read_text())
+    spec = RunSpec.committed(run_dir / C.RUN_SPEC)  # of any version (a committed set's), migrated
     # the exact engine settings the run wrote (none where it stopped before building its engine)
     settings = json.loads((run_dir / C.SETTINGS).read_text()) if (run_dir / C.SETTINGS).exists() else None
     summary = retimed(compiled_module(json.loads((run_dir / C.SUMMARY).read_text())), spec, steps)
@@ -187,15 +188,15 @@ def compiled_module(summary: dict) -> dict:
     return {**summary, "compile_model": True, "compiled_module": summary["compile_model"]}
 
 
-def initialisation(spec: dict) -> str:
+def initialisation(spec: RunSpec) -> str:
     """Where the run's weights started: "random", or "pretrained: <the run spec's `pretrained`>"."""
-    return "random" if spec.get("pretrained") is None else f"pretrained: {spec['pretrained']}"
+    return "random" if spec.pretrained is None else f"pretrained: {spec.pretrained}"
 
 
-def strategy_source(spec: dict) -> str:
+def strategy_source(spec: RunSpec) -> str:
     """Where the run's strategy came from: "<file> as <registry strategy>" for a study's strategy from a DeepSpeed
     JSON (the run spec's `strategy_source`), "" for the registry's own."""
-    source = spec.get("strategy_source")
+    source = spec.strategy_source
     return f"{os.path.basename(source['deepspeed'])} as {source['base']}" if source else ""
 
 
@@ -204,7 +205,7 @@ def substitutions(provenance: dict) -> str:
     return "; ".join(provenance.get("substitutions") or [])
 
 
-def predicted_peak(summary: dict, spec: dict, settings: dict | None) -> dict:
+def predicted_peak(summary: dict, spec: RunSpec, settings: dict | None) -> dict:
     """The analytic whole-peak prediction of an ok run (workflow_scripts/plan): torch-allocated and device-wide,
     or why there is none."""
     if summary.get("status") != C.OK or summary.get("platform") == "cpu":
@@ -232,7 +233,7 @@ def step_rates(calibration: str | None, machine_own: bool = False):
         return str(exc)
 
 
-def predicted_step(summary: dict, spec: dict, settings: dict | None, rates) -> dict:
+def predicted_step(summary: dict, spec: RunSpec, settings: dict | None, rates) -> dict:
     """The step-time model's prediction of an ok GPU run (plan/step_time.py): step seconds, tokens/s and what
     bounds it, or why there is none."""
     none = {"predicted_step_s": None, "predicted_tokens_per_s": None}

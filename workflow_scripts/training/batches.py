@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from workflow_scripts.run_spec import RunSpec
 from workflow_scripts.training import random_init
 from workflow_scripts.training.models import MODELS, build_model, data_rows, with_lora
 from workflow_scripts.training.run_context import RunContext
@@ -28,25 +29,26 @@ def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
     return data, blocks, val, data_rows(data, t)
 
 
-def make_model(spec: dict, vocab: int, seq_len: int):
+def make_model(spec: RunSpec, vocab: int, seq_len: int):
     """The run's model (registry shape or pretrained weights), fp32 on the CPU, no generation cache: its random
     initialisation loaded where rule random_init made it (the same weights and generator state as building it
     here), else built."""
-    attn = spec["train"]["attn_implementation"]
-    if spec.get("random_init"):
-        model = random_init.load(spec["random_init"], spec["model"], vocab, seq_len, attn)
+    attn = spec.train["attn_implementation"]
+    if spec.random_init:
+        model = random_init.load(spec.random_init, spec.model, vocab, seq_len, attn)
     else:
-        model = build_model(spec["model"], vocab, seq_len, pretrained=spec.get("pretrained"),
-                            attn_implementation=attn, overrides=spec.get("model_overrides"))
+        model = build_model(spec.model, vocab, seq_len, pretrained=spec.pretrained, attn_implementation=attn,
+                            overrides=spec.model_overrides)
     model.config.use_cache = False
     lora = lora_settings(spec)
     return with_lora(model, lora) if lora else model
 
 
-def lora_settings(spec: dict) -> dict | None:
-    """The run's LoRA (a `-lora` registry model, its keys overridden by train.lora), or None."""
-    base = MODELS[spec["model"]].lora
-    given = spec["train"].get("lora")
+def lora_settings(spec: RunSpec) -> dict | None:
+    """The run's LoRA (a `-lora` registry model, its keys overridden by train.lora where the study sets it: the
+    schema gives it no default), or None."""
+    base = MODELS[spec.model].lora
+    given = spec.train.get("lora")
     return {**(base or {}), **given} if given else base
 
 

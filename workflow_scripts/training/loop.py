@@ -86,7 +86,7 @@ class Phases:
 class Run:
     """Everything a rank needs to train, built once by `setup`."""
 
-    spec: dict
+    spec: RunSpec
     ctx: RunContext
     strategy: Strategy
     engine: Engine
@@ -118,7 +118,7 @@ class Run:
         return self.t["eval_batches"] * self.t["micro_batch_size"]  # the study's micro-batch, not the strategy's
 
 
-def setup(spec: dict) -> Run:
+def setup(spec: RunSpec) -> Run:
     """Join the process group, build the model (seeded), apply the compile levers, write the exact strategy
     settings (rank 0) and wrap the model in the strategy's engine."""
     t = spec["train"]
@@ -187,7 +187,7 @@ class StepLog:
         self.prev_end = None
         self.t_start = time.time()
         self.trackers = None  # rank 0's (config trackers): nothing imported where the study names none
-        if run.spec.get("trackers") and run.ctx.rank == 0:
+        if run.spec.trackers and run.ctx.rank == 0:
             self.trackers = Trackers(run.spec["trackers"], run.out_dir, run.spec["run_id"], run.spec["study"],
                                      {"model": run.spec["model"], "strategy": run.spec["strategy"],
                                       "layout": run.spec["layout"], "precision": run.spec["precision"],
@@ -259,7 +259,7 @@ def device_memory(device) -> dict:
 
 
 # ---------------------------------------------------------------- the run
-def train(spec: dict) -> dict | None:
+def train(spec: RunSpec) -> dict | None:
     run = setup(spec)
     ctx, engine, t = run.ctx, run.engine, run.t
     clock = Phases(run.phases)
@@ -386,13 +386,13 @@ def device_name(device) -> str:
 def flops_per_token(run: Run) -> float:
     """The model FLOPs of one trained token (measure/metrics: MFU's numerator)."""
     return model_flops_per_token(run.spec["model"], run.n_params, run.seq_len, run.trainable,
-                                 run.spec.get("model_overrides"))
+                                 run.spec.model_overrides)
 
 
 def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], memory: list[list[float]]) -> dict:
     """The run's row of the study table (before the launcher adds the sampler's peaks)."""
     spec, ctx, strategy = run.spec, run.ctx, run.strategy
-    shape = model_spec(spec["model"], spec.get("model_overrides"))
+    shape = model_spec(spec.model, spec.model_overrides)
     device, fpt = device_name(ctx.device), flops_per_token(run)
     steps_per_epoch, total_steps, cuda = run.batches.steps_per_epoch, run.total_steps, ctx.device.type == "cuda"
     epoch_wall = {}

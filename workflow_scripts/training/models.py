@@ -296,9 +296,9 @@ def register(name: str, source: str) -> None:
 def register_from(spec) -> None:
     """A run spec's own model (its `model_source`) named for this process and the ranks it starts: a spec launched
     by hand, outside the workflow whose check registered it."""
-    own = spec.get("model_source")
-    if own and own_models().get(spec["model"]) != own["source"]:
-        register(spec["model"], own["source"])
+    own = spec.model_source
+    if own and own_models().get(spec.model) != own["source"]:
+        register(spec.model, own["source"])
 
 
 def _own(key: str) -> ModelSpec:

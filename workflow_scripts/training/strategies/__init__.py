@@ -63,9 +63,9 @@ def register(name: str, base: str) -> None:
 
 def register_from(spec) -> None:
     """A run spec's strategy from a file (its `strategy_source`) named for this process and the ranks it starts."""
-    source = spec.get("strategy_source")
-    if source and study_strategies().get(spec["strategy"]) != source["base"]:
-        register(spec["strategy"], source["base"])
+    source = spec.strategy_source
+    if source and study_strategies().get(spec.strategy) != source["base"]:
+        register(spec.strategy, source["base"])
 
 
 def get(name: str) -> Strategy:
