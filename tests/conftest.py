@@ -27,7 +27,8 @@ def pytest_addoption(parser):
 # fixtures whose tests train through torchrun or run a study: such a test is `slow` (the fast tier,
 # `pytest -m "not slow"`, leaves it out); SLOW_TESTS: tests that do so without one of them, or that take several
 # seconds of Snakemake runs or training in the test's own process
-SLOW_FIXTURES = {"default_study", "token_data", "slurm_cluster", "slurm_study"}
+SLOW_FIXTURES = {"default_study", "token_data", "slurm_cluster", "slurm_study",
+                 "cuda_profile_run"}  # a reduced study through the GPU profile in the stand-in image
 SLOW_TESTS = {"test_every_job_runs_in_the_platform_image_with_the_profiles_flags",  # a study in the fake image
               "test_zero_gradient_norm_in_multi_tensor_launches_is_deepspeeds_on_every_rank",  # torchrun, 2 ranks
               "test_the_plan_target_of_a_gpu_study_marks_the_compiled_cells",  # snakemake plan
@@ -36,6 +37,7 @@ SLOW_TESTS = {"test_every_job_runs_in_the_platform_image_with_the_profiles_flags
               "test_chat_corpus_trains_on_the_answers_only",  # trains
               "test_a_dry_run_plans_the_runs_of_a_local_directory",  # snakemake -n
               "test_the_imported_study_plans_under_a_dry_run",  # snakemake -n
+              "test_a_study_imported_from_one_yaml_per_variant_trains_into_one_table",  # a study
               "test_selective_checkpointing_recomputes_no_matmul_and_changes_no_gradient"}  # backward passes
 
 
