@@ -22,8 +22,10 @@ rule bench_part:
         gpu=0 if PLATFORM == "cpu" else config["bench"]["world_size"],
         timed_runs=1,
     params:
-        cfg=lambda w: json.dumps(bench_config(w.table), sort_keys=True, default=str),
-        part=lambda w: {v: k for k, v in BENCH_PARTS.items()}[w.table],
+        cfg=lambda w: json.dumps(
+            bench_config(BENCH_PART_OF[w.table]), sort_keys=True, default=str
+        ),
+        part=lambda w: BENCH_PART_OF[w.table],
         out=lambda w, output: os.path.dirname(output.csv),
     shell:
         "python3 -m workflow_scripts.bench.harness --config-json {params.cfg:q} --part {params.part} "

@@ -295,6 +295,7 @@ BENCH_PARTS = {
     "levers": "levers",
     "compare": "harness_vs_trainer",
 }  # --part of bench_harness -> its table
+BENCH_PART_OF = {table: part for part, table in BENCH_PARTS.items()}
 
 
 def bench_ops(wildcards):
@@ -303,21 +304,13 @@ def bench_ops(wildcards):
     return op_files(used + [study.lever_run(config, lv) for lv in b["levers"]])
 
 
-def bench_config(table):
-    """The config one part depends on: no figure/table style, and not the other part's keys (editing the lever
-    list never reruns the Trainer comparison, and the other way round)."""
-    other = {
-        "levers": ("strategies", "harness", "harness_by_strategy", "ceiling"),
-        "sampler": (
-            "strategies",
-            "harness",
-            "harness_by_strategy",
-            "levers",
-            "ceiling",
-        ),
-    }.get(table, ("levers", "lever_strategy"))
-    cfg = {k: v for k, v in config.items() if k not in ("figures", "tables")}
-    cfg["bench"] = {k: v for k, v in config["bench"].items() if k not in other}
+def bench_config(part):
+    """The config one part of the harness benchmark depends on (levers, compare, sampler): no figure/table style
+    (the schema's `x-presentation` sections), and of config bench only the keys the part reads (their `x-bench`):
+    editing the lever list never reruns the Trainer comparison, and the other way round.
+    """
+    cfg = {k: v for k, v in config.items() if k not in schema.presentation_keys()}
+    cfg["bench"] = {k: config["bench"][k] for k in schema.bench_keys(part)}
     return cfg
 
 

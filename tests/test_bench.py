@@ -220,3 +220,18 @@ def test_a_levers_options_are_resolved_with_the_run_not_swapped_in_after(tmp_pat
                     options={"accum_steps": 2, "keep_effective_batch": True})
     assert spec["options"]["accum_steps"] == 2
     assert (spec["batch"]["micro_batch"], spec["batch"]["accum"]) == (4, 2), spec["batch"]
+
+
+def test_every_bench_key_names_the_parts_that_read_it_and_the_lever_list_reruns_only_its_own():
+    """The schema's `x-bench` annotation is what rules/bench.smk passes each part: every key of config bench names
+    at least one known part; the lever list and its strategy are the ladder's (and the sampler's strategy), the
+    Trainer's settings the comparison's; figures and tables reach no part."""
+    from workflow_scripts import schema
+
+    keys = schema.schema()["properties"]["bench"]["properties"]
+    assert all(set(v.get("x-bench", ())) and set(v["x-bench"]) <= {"levers", "compare", "sampler"}
+               for v in keys.values()), {k: v.get("x-bench") for k, v in keys.items()}
+    assert "levers" in schema.bench_keys("levers") and "levers" not in schema.bench_keys("compare")
+    assert "trainer_settings" in schema.bench_keys("compare") and "trainer_settings" not in schema.bench_keys("levers")
+    assert "lever_strategy" in schema.bench_keys("sampler") and "ceiling" not in schema.bench_keys("sampler")
+    assert set(schema.presentation_keys()) == {"figures", "tables"}

@@ -31,6 +31,16 @@ def plan_keys() -> tuple[str, ...]:
     return tuple(k for k, v in schema()["properties"].items() if v.get("x-plan"))
 
 
+def bench_keys(part: str) -> tuple[str, ...]:
+    """The keys of config `bench` that one part of the harness benchmark reads (the schema's `x-bench`)."""
+    return tuple(k for k, v in schema()["properties"]["bench"]["properties"].items() if part in v.get("x-bench", ()))
+
+
+def presentation_keys() -> tuple[str, ...]:
+    """The top-level sections that only shape figures and tables (the schema's `x-presentation: true`)."""
+    return tuple(k for k, v in schema()["properties"].items() if v.get("x-presentation"))
+
+
 def filled(section: str, given: dict | None) -> dict:
     """A config section as a run spec carries it, the schema's defaults under the keys it gives: a spec written
     before a key existed (a committed run rerun by hand) reads the key's default from here, not from the caller."""
