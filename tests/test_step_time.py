@@ -394,12 +394,13 @@ def test_the_scale_simulation_keeps_what_the_dimensions_accept_and_slows_with_th
     from workflow_scripts.training.strategies import STRATEGIES
 
     fast = Fabric(gpus_per_node=8, intra_node_busbw_gbs=360.0, inter_node_gbs=45.0)
-    keys = {layout.key for layout in scale.layouts("qwen2.5-3b", STRATEGIES["fsdp"], 8, fast, {"grad_accum": 4}, 1024)}
+    layouts = scale.layouts("qwen2.5-3b", STRATEGIES["fsdp"], 8, fast, {**TRAIN, "grad_accum": 4}, 1024)
+    keys = {layout.key for layout in layouts}
     assert {"ws8", "dp4-tp2", "dp4-pp2", "dp4-cp2", "dp2-pp2-tp2"} <= keys
     assert "dp2-tp4" not in keys  # the shape's 2 KV heads
     assert not any("pp" in k and "cp" in k for k in keys)  # cp and pp do not compose yet
     assert not any("ep" in k for k in keys)  # a dense model
-    assert {layout.key for layout in scale.layouts("gpt2-medium", STRATEGIES["zero2"], 8, fast, {}, 1024)} == {"ws8"}
+    assert {layout.key for layout in scale.layouts("gpt2-medium", STRATEGIES["zero2"], 8, fast, TRAIN, 1024)} == {"ws8"}
     from test_memory_plan import planned
 
     config = planned({"plan": {"gpu_memory_gib": 80, "headroom_gib": 2, "models": ["gpt2-medium"],

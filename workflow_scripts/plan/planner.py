@@ -60,7 +60,7 @@ def plan_vocab(config: dict, models: list | None = None) -> int:
         return embedding_rows(plan["vocab"], train)
     if config["tokenizer"]["kind"] == "bpe":
         return embedding_rows(config["tokenizer"]["vocab_size"], train)
-    if train.get("embedding_rows"):
+    if train["embedding_rows"]:
         return embedding_rows(train["embedding_rows"], train)
     if published := model_vocab(config, models or []):
         return embedding_rows(published, train)

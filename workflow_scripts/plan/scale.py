@@ -43,7 +43,7 @@ def layouts(model: str, strategy, gpus: int, fabric: Fabric, train: dict, seq_le
         if gpus % (tp * cp * pp) or tp * cp > fabric.gpus_per_node:
             continue
         layout = Layout(dp=gpus // (tp * cp * pp), pp=pp, tp=tp, cp=cp, ep=ep)
-        where, t = "plan.scale", {**train, "grad_accum": max(int(train.get("grad_accum", 1)), pp)}
+        where, t = "plan.scale", {**train, "grad_accum": max(int(train["grad_accum"]), pp)}
         if not (layout.problems(spec, where, seq_len) or parallel.unimplemented(layout, where)
                 or parallel.run_problems(layout, strategy, {**t, "checkpoint_every": 0}, where)
                 or parallel.model_problems(layout, model, where)):

@@ -23,7 +23,7 @@ def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
     t = spec["train"]
     data = json.loads(Path(spec["data"]["manifest"]).read_text())
     blocks = np.load(spec["data"]["train"], mmap_mode="r")
-    if t.get("max_train_samples"):
+    if t["max_train_samples"]:
         blocks = blocks[: t["max_train_samples"]]
     val = np.load(spec["data"]["val"], mmap_mode="r")
     return data, blocks, val, data_rows(data, t)

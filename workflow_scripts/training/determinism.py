@@ -21,7 +21,7 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 def apply(train: dict) -> dict:
     """Make this process deterministic if the run asks for it; what was set, for the run's settings."""
-    if not train.get("deterministic"):
+    if not train["deterministic"]:
         return {"deterministic": False}
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
     torch.use_deterministic_algorithms(True)

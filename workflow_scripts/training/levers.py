@@ -300,15 +300,15 @@ def apply(model: torch.nn.Module, train: dict, strategy) -> dict:
     """Compile what the config asks for (in place, with the strategy's own block compiler: see
     training.strategies.engine.compile_blocks) and return the settings to record. Under compile_model the blocks
     are left to the whole-model compile (apply_to_engine)."""
-    whole = train.get("compile_model") is True
-    blocks = train.get("compile_blocks") is True and not whole  # resolved by the run spec; "auto" compiles nothing
-    mode = train.get("compile_mode", "default")
-    limit = stop_at_recompile_limit() if blocks or whole or train.get("compile_loss") is True else {}
+    whole = train["compile_model"] is True
+    blocks = train["compile_blocks"] is True and not whole  # resolved by the run spec; "auto" compiles nothing
+    mode = train["compile_mode"]
+    limit = stop_at_recompile_limit() if blocks or whole or train["compile_loss"] is True else {}
     extra = strategy.compile_blocks(model, mode) if blocks else {}
     return {**extra, **limit, "compile_blocks": blocks, "compile_model": whole,
-            "compile_loss": train.get("compile_loss") is True,
-            "compile_mode": mode, "attn_implementation": train.get("attn_implementation", "sdpa"),
-            "host_sync": f"every {train.get('log_every')} steps (losses and CUDA-event timings read together)",
+            "compile_loss": train["compile_loss"] is True,
+            "compile_mode": mode, "attn_implementation": train["attn_implementation"],
+            "host_sync": f"every {train['log_every']} steps (losses and CUDA-event timings read together)",
             "loader": "pinned host memory, non_blocking copies"}
 
 
@@ -359,9 +359,9 @@ def eager_after(train: dict, broke: str) -> dict:
 def apply_to_engine(engine, train: dict, strategy) -> dict:
     """train.compile_model: the whole model compiled around the strategy's wrapper, once the engine exists (the
     strategy's own compile_model: training.strategies.engine.compile_model)."""
-    if train.get("compile_model") is not True:
+    if train["compile_model"] is not True:
         return {}
-    mode = train.get("compile_mode", "default")
+    mode = train["compile_mode"]
     done = strategy.compile_model(engine, mode)
     # every strategy's compiled model replays CUDA graphs in this mode: the engine marks each step (Engine.cuda_graphs)
     engine.cuda_graphs = mode == "reduce-overhead" and engine.ctx.device.type == "cuda"
@@ -375,10 +375,10 @@ def loss_function(train: dict):
     global _compiled_loss
     from workflow_scripts.training.strategies.engine import lm_loss
 
-    if train.get("compile_loss") is not True:
+    if train["compile_loss"] is not True:
         return lm_loss
     if _compiled_loss is None:
         import torch
 
-        _compiled_loss = torch.compile(lm_loss, mode=train.get("compile_mode", "default"))
+        _compiled_loss = torch.compile(lm_loss, mode=train["compile_mode"])
     return _compiled_loss

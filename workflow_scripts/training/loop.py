@@ -137,7 +137,7 @@ def setup(spec: RunSpec) -> Run:
 
     data, blocks, val, vocab = load_data(spec)
     seq_len = data["block_size"]
-    if t.get("separate_documents"):
+    if t["separate_documents"]:
         if "eos_id" not in data:
             raise ValueError(f"train.separate_documents: {spec['data']['manifest']} names no eos_id (prepared "
                              "before documents could be told apart): delete the study's data_dir folder and rerun")
@@ -150,7 +150,7 @@ def setup(spec: RunSpec) -> Run:
         ctx.forward_loss = vision.forward_loss
     applied = {**recompute.enable(model, t), **levers.apply(model, t, strategy), **deterministic}
     ctx.compiled = applied["compile_blocks"] or applied["compile_model"]  # what the strategy's engine is built around
-    if t.get("chunked_loss"):  # the head returns the loss (training/chunked_loss.py)
+    if t["chunked_loss"]:  # the head returns the loss (training/chunked_loss.py)
         applied.update(chunked_loss.install(model, t["chunked_loss"]))
         ctx.chunked_head, ctx.forward_loss = model.get_output_embeddings(), chunked_loss.forward_loss
     ctx.loss_fn = levers.loss_function(t)
@@ -167,7 +167,7 @@ def setup(spec: RunSpec) -> Run:
         raise ValueError(f"train: {len(blocks)} training blocks give no full step of effective batch "
                          f"{ctx.effective_batch} (micro {ctx.micro_batch} x accum {ctx.accum} x dp {ctx.dp_size})")
     total_steps = t["epochs"] * batches.steps_per_epoch
-    if t.get("max_steps"):
+    if t["max_steps"]:
         total_steps = min(total_steps, t["max_steps"])
     return Run(spec=spec, ctx=ctx, strategy=strategy, engine=engine, batches=batches, val=val, seq_len=seq_len,
                vocab=vocab, tokenizer_vocab=data["vocab_size"], n_params=n_params, total_steps=total_steps,
@@ -283,7 +283,7 @@ def train(spec: RunSpec) -> dict | None:
     log = StepLog(run, state["rows"], state["step"],
                   lambda step: profiler.profiled(step) or memory_peak.recording(step, first))
     publisher = StepPublisher(os.environ.get("PIPELINE_STEP_FILE") if ctx.rank == 0 else None)
-    faults = t.get("fault_injection") or {}
+    faults = t["fault_injection"]
     stop = RankStop(ctx.world_size)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)

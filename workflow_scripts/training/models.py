@@ -350,7 +350,7 @@ def padded_vocab(vocab_size: int, multiple: int) -> int:
 def embedding_rows(tokenizer_vocab: int, train: dict) -> int:
     """The run's embedding rows: the tokenizer's vocabulary padded to train.vocab_multiple, or the original model's
     row count (train.embedding_rows) where that is larger."""
-    return max(padded_vocab(tokenizer_vocab, train["vocab_multiple"]), train.get("embedding_rows") or 0)
+    return max(padded_vocab(tokenizer_vocab, train["vocab_multiple"]), train["embedding_rows"] or 0)
 
 
 def data_rows(manifest: dict, train: dict) -> int:

@@ -23,7 +23,7 @@ MATMULS_RECOMPUTED = {"full": 1.0, "selective": 0.0}
 
 def mode(train: dict) -> str | None:
     """None (nothing recomputed), "full" or "selective" for a run's train settings; true is "full"."""
-    value = train.get("gradient_checkpointing", False)
+    value = train["gradient_checkpointing"]
     if value is False or value is None:
         return None
     if value is True:

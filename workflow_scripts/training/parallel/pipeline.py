@@ -31,10 +31,10 @@ def stage_layers(n_layer: int, pp: int, stage: int) -> range:
 def problems(layout, strategy, train: dict, where: str) -> list[str]:
     """What a pipeline layout needs from the rest of the run."""
     out = []
-    if train.get("grad_accum", 1) < layout.pp:
+    if train["grad_accum"] < layout.pp:
         out.append(f"{where}.pp: {layout.pp} stages need train.grad_accum (the pipeline's micro-batches) >= "
-                   f"{layout.pp}, got {train.get('grad_accum', 1)}")
-    if train.get("checkpoint_every"):
+                   f"{layout.pp}, got {train['grad_accum']}")
+    if train["checkpoint_every"]:
         out.append(f"{where}.pp: pipeline layouts do not checkpoint yet: set train.checkpoint_every: 0")
     return out
 
