@@ -79,7 +79,7 @@ def problems(config: dict, devices: int | None = None, planning: bool = False, b
              + data_kind_problems(config) + bf16_option_problems(config) + chunked_loss_problems(config)
              + separate_documents_problems(config)
              + auto_levers_problems(config) + compiled_zero3_problems(config) + profile_problems(config)
-             + ([] if planning else pretrained_problems(config) + trackers.missing(config.get("trackers", []))))
+             + ([] if planning else pretrained_problems(config) + trackers.missing(config["trackers"])))
     return list(dict.fromkeys(found))  # a problem found by two checks is reported once
 
 
@@ -258,12 +258,12 @@ def name_problems(config: dict) -> list[str]:
             out.append(f"strategy_options.{s}: no such strategy, {did_you_mean(s, STRATEGIES)}")
         else:
             out += option_problems(STRATEGIES[s], options)
-    for model, path in config.get("pretrained", {}).items():
+    for model, path in config["pretrained"].items():
         if own.is_source(model) and model not in MODELS:
             continue  # said by own_model_problems
         if model not in MODELS:
             out.append(f"pretrained.{model}: unknown model")
-        elif _is_local(str(path)) and not os.path.exists(path) and config.get("weights", "pretrained") == "pretrained":
+        elif _is_local(str(path)) and not os.path.exists(path) and config["weights"] == "pretrained":
             out.append(f"pretrained.{model}: {path!r} does not exist; {WITHOUT_WEIGHTS}")
     return out
 
@@ -274,11 +274,11 @@ WITHOUT_WEIGHTS = ("on a machine without the weights, weights: random (studies/o
 
 def pretrained_problems(config: dict) -> list[str]:
     """The hub ids in `pretrained` of the study's own models that this machine cannot load (weights: pretrained)."""
-    if config.get("weights", "pretrained") != "pretrained":
+    if config["weights"] != "pretrained":
         return []
     out = []
     for model in study.all_names(config, "models"):
-        source = config.get("pretrained", {}).get(model)
+        source = config["pretrained"].get(model)
         if source is None or _is_local(str(source)):
             continue  # a local directory: name_problems
         try:  # as a study's own model is read: the Hugging Face cache first, then the hub
@@ -369,7 +369,7 @@ def size_problems(config: dict, devices: int | None) -> list[str]:
     for w in sizes:
         if w <= 0 or w % nodes:
             out.append(f"world_sizes: {w} is not a positive multiple of nodes={nodes}")
-    per_node = config.get("devices_per_node", "auto")
+    per_node = config["devices_per_node"]
     if per_node == "auto":
         per_node = devices if devices is not None else detect_devices(config["platform"])
     biggest = max(sizes) // max(1, nodes)
