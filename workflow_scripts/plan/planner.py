@@ -72,6 +72,11 @@ def usable_bytes(plan: dict) -> float:
     return (plan["gpu_memory_gib"] - plan["headroom_gib"]) * GIB
 
 
+def planned_layout(spec: RunSpec) -> dict:
+    """The candidate's layout as the models take it: data parallel and the dimensions it spans."""
+    return {k: v for k, v in spec.layout.items() if v > 1 or k == "dp"}
+
+
 def compiled(spec: RunSpec) -> bool:
     """Whether the candidate compiles (train.compile_blocks / compile_loss, `auto` resolved in its spec)."""
     return levers.compiles(spec.train, MODELS[spec.model].family, spec.layout)
@@ -82,7 +87,7 @@ def memory(spec: RunSpec, vocab: int, seq_len: int):
     return predict(model=spec.model, strategy=spec.strategy, precision=spec.precision,
                    world_size=spec.world_size, micro_batch=spec.micro_batch, seq_len=seq_len,
                    grad_accum=spec.accum, vocab=vocab, overrides=spec.model_overrides,
-                   layout={k: v for k, v in spec.layout.items() if v > 1 or k == "dp"}, options=spec.options,
+                   layout=planned_layout(spec), options=spec.options,
                    checkpointing=recompute.mode(spec.train), compiled=compiled(spec))
 
 
@@ -109,7 +114,7 @@ def throughput(spec: RunSpec, rates, vocab: int, seq_len: int, fabric=None) -> d
     from workflow_scripts.plan import step_time
     from workflow_scripts.training.models import model_flops_per_token
 
-    layout = {k: v for k, v in spec.layout.items() if v > 1 or k == "dp"}
+    layout = planned_layout(spec)
     micro, accum = spec.micro_batch, spec.accum
     run = step_time.run_for(model=spec.model, strategy=spec.strategy, precision=spec.precision, layout=layout,
                             micro_batch=micro, accum=accum, seq_len=seq_len, vocab=vocab, train=spec.train,
