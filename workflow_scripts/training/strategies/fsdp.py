@@ -40,6 +40,16 @@ def wrap_blocks(ctx: RunContext) -> bool:
     return ctx.layout.world_size > 1
 
 
+def cpu_offload(ctx: RunContext) -> bool:
+    """The option where a study sets it; else the shards, gradients and optimizer state stay on the GPU."""
+    return bool(ctx.options.get("cpu_offload", False))
+
+
+def local_step(ctx: RunContext) -> bool:
+    """The option where a study sets it; else the step and the clipping's scaling run on the local shards."""
+    return bool(ctx.options.get("local_step", True))
+
+
 def keeps_gathered_params(ctx: RunContext) -> bool:
     """Whether the whole model's gathered parameters are alive at the start of backward: when it does not reshard
     after forward, or when one unit holds the whole model (its backward gathers them all at once)."""
@@ -52,8 +62,7 @@ def fsdp_settings(ctx: RunContext) -> dict:
             "sharding": "full (per transformer block + root)" if wrap_blocks(ctx) else "full (root only)",
             "wrap_blocks": wrap_blocks(ctx), "reshard_after_forward": reshard_after_forward(ctx),
             "gathered_kept": keeps_gathered_params(ctx),
-            "cpu_offload": bool(ctx.options.get("cpu_offload", False)), "mixed_precision_policy": mp,
-            "local_step": bool(ctx.options.get("local_step", True)),
+            "cpu_offload": cpu_offload(ctx), "mixed_precision_policy": mp, "local_step": local_step(ctx),
             "mesh": "dp", **batch_settings(ctx), "optimizer": adamw_settings(ctx)}
 
 
@@ -63,8 +72,8 @@ STRATEGY = Strategy(
     settings=fsdp_settings,
     option_keys=("reshard_after_forward", "wrap_blocks", "cpu_offload", "local_step"),
     build=lazy.part(f"{__package__}._fsdp_engine", "FSDPEngine"),
-    offload_optimizer=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
-    offload_params=lambda ctx: bool(ctx.options.get("cpu_offload", False)),
+    offload_optimizer=cpu_offload,
+    offload_params=cpu_offload,
     keeps_gathered_params=keeps_gathered_params,
     hooks_per_block=wrap_blocks,
 )
