@@ -49,7 +49,10 @@ class StepProfiler:
         self.enabled = bool(cfg["enabled"]) and ctx.rank in traced_ranks(cfg, ctx.world_size)
         self.window = window(cfg, first_step + spec.train["timing_warmup_steps"], total_steps)
         self.active_from = self.window.start + cfg["warmup"]
-        self.path = Path(spec.trace_dir or ".") / f"rank{ctx.rank}.json.gz"
+        if self.enabled and not spec.trace_dir:
+            raise ValueError(f"run {spec.run_id}: profile.enabled without a trace_dir (study.resolve gives a "
+                             "profiled run one)")
+        self.path = Path(spec.trace_dir) / f"rank{ctx.rank}.json.gz" if self.enabled else None
         self.first_step, self.cfg, self.ctx, self.prof, self.written = first_step, cfg, ctx, None, False
 
     def profiled(self, step: int) -> bool:
