@@ -123,14 +123,16 @@ def test_the_plan_lists_what_fits_but_is_not_modelled_with_its_footnote():
     assert not any("not modelled" in line for line in ranking(frame.loc[[1]].reset_index()))  # all ranked
 
 
-def test_with_a_committed_calibration_of_four_gpus_the_plan_gives_two_and_four_their_communication():
-    """README's plan over 1, 2 and 4 GPUs with the committed four-H200 calibration (its measured all-reduce curves):
-    every DDP candidate ranked, the one-GPU one with no communication, two and four GPUs with some."""
+@pytest.mark.parametrize("calibration", ["h200", str(REPO / "results/calibration/h200x4/calibration.json")])
+def test_with_the_h200_rates_or_a_calibration_of_four_gpus_the_plan_gives_two_and_four_their_communication(
+        calibration):
+    """README's plan over 1, 2 and 4 GPUs with the H200 kind's rate file (the collectives of its machines of several
+    GPUs) or the committed four-H200 calibration (its own curves): every DDP candidate ranked, the one-GPU one with
+    no communication, two and four GPUs with some."""
     from test_memory_plan import plan_config
 
     from workflow_scripts.plan.planner import rows
 
-    calibration = str(REPO / "results/calibration/h200x4/calibration.json")
     frame = rows(plan_config(strategies=["ddp"], gpus=[1, 2, 4], micro_batches=[2], calibration=calibration,
                              gpu_memory_gib=140)).set_index("gpus")
     assert frame["predicted_step_s"].notna().all(), frame["step_note"].tolist()

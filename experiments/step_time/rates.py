@@ -59,15 +59,35 @@ def kind_medians(found: dict[str, dict], gpu: str) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in sorted(values.items())}
 
 
+def kind_collectives(found: dict[str, dict], gpu: str) -> tuple[dict[str, float], int]:
+    """Per collective (`<collective>_busbw[<ranks>x<size>]`), the median bus bandwidth over every calibration of
+    several `gpu`s that measured it (the kind's machines calibrated here: one host's GPUs and its interconnect), and
+    how many calibrations those are. A plan naming the kind predicts its multi-GPU candidates' communication from
+    them; a study's own calibration keeps its machine's (st.machine_row)."""
+    values: dict = {}
+    machines = 0
+    for calibration in found.values():
+        if st.machine_gpu(calibration) != gpu:
+            continue
+        rows = [r for r in calibration["rows"] if "_busbw[" in r["name"] and r["value"] is not None]
+        machines += bool(rows)
+        for r in rows:
+            values.setdefault(r["name"], []).append(float(r["value"]))
+    return {name: statistics.median(v) for name, v in sorted(values.items())}, machines
+
+
 def rate_file(found: dict[str, dict], kind: str) -> dict:
     """The rate file of `kind`: its calibration's rows, curves and GPU, the kind's medians folded in
-    (st.with_medians), and how many calibrations the medians are over."""
+    (st.with_medians), the collectives of its machines of several GPUs added (kind_collectives), and how many
+    calibrations each is over."""
     gpu = KINDS[kind]
     own = found.get(f"calibration/{kind}/{CALIBRATION}")
     if own is None or st.machine_gpu(own) != gpu:
         raise SystemExit(f"calibration/{kind}/{CALIBRATION}: no calibration of {gpu} there")
-    folded = st.with_medians(own, kind_medians(found, gpu))
+    collectives, machines = kind_collectives(found, gpu)
+    folded = st.with_medians(own, {**kind_medians(found, gpu), **collectives})
     return {"kind": kind, "medians_over": sum(st.machine_gpu(c) == gpu for c in found.values()),
+            "collectives_over": machines,
             "machine": {"gpu": {"gpus": [{"name": gpu}]}}, "rows": folded["rows"], "curves": own["curves"]}
 
 

@@ -64,9 +64,10 @@ curve, an offloaded step without `cpu_adam`, `d2h` or `h2d`, bytes to ready on t
 eager tensor parallelism without `tp_linear_us`, ZeRO-3's extra modules without `zero3_module_us`) is not given a
 zero or a default rate: the prediction is not modelled (Prediction.missing, `why`: "<rates file> has no all_reduce
 bus-bandwidth curve"), as a run whose kernels the calibration does not time is (not_modelled). A one-rank run needs no
-collective. The rate files of plan/rates/ are one-GPU calibrations: they have no bus-bandwidth curves, so a
-multi-GPU data-parallel run predicted from a GPU kind alone is not modelled (a study's own calibration of several
-GPUs, or a simulated network, plan/fabric.py, gives the collectives their rate).
+collective. A rate file of plan/rates/ holds the collectives of its kind's machines of several GPUs where some were
+calibrated (h200.json) and none where none were (h100.json): there a multi-GPU run predicted from the GPU kind alone
+is not modelled (a study's own calibration of several GPUs, or a simulated network, plan/fabric.py, gives the
+collectives their rate).
 """
 from __future__ import annotations
 
@@ -300,7 +301,8 @@ def with_medians(calibration: dict, medians: dict) -> dict:
     rows = [{**r, "value": medians.get(r["name"], r["value"])} for r in calibration["rows"]]
     have = {r["name"] for r in rows}
     return {**calibration, "rows": rows + [{"name": k, "value": v, "detail": "the kind's median",
-                                            "unit": "GB/s" if k.startswith("memory_block[") else "us"}
+                                            "unit": "GB/s" if k.startswith("memory_block[") or "_busbw[" in k
+                                            else "us"}
                                            for k, v in sorted(medians.items()) if k not in have]}
 
 
