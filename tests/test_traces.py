@@ -104,3 +104,46 @@ def test_a_cpu_trace_gets_phases_and_says_why_not_hta(tmp_path):
     assert result["phases_read_on"] == {0: "host"} and "no GPU kernels" in result["hta_why_not"]
     assert (row["step_ms"], row["forward_ms"], row["backward_ms"], row["optimizer_ms"]) == (0.1, 0.03, 0.06, 0.008)
     assert row["comm_ms"] == 0.04 and row["comm_overlap_pct"] == pytest.approx(77.5)  # 31 of 40 us in backward
+
+
+def test_the_hosts_synchronisations_are_counted_per_phase_and_step():
+    """A hand-made GPU trace of one step: forward launches a kernel and waits on its stream (2 ms), the optimizer
+    waits on an event (1 ms), between them an asynchronous copy (no wait) and after them a device-wide wait
+    (0.5 ms) outside every phase: forward 1, backward 0, optimizer 1, the step 3 waits of 3.5 ms."""
+    def call(name, ts, dur, corr=None):
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur,
+                "args": {"correlation": corr} if corr else {}}
+
+    def host(name, ts, dur):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+    events = [host("ProfilerStep#7", 0, 10_000), host("forward", 100, 3_000), host("backward", 3_200, 3_000),
+              host("optimizer", 6_300, 2_000),
+              call("cudaLaunchKernel", 200, 5, corr=1), call("cudaStreamSynchronize", 300, 2_000),
+              call("cudaLaunchKernel", 3_300, 5, corr=2), call("cudaMemcpyAsync", 4_000, 10),
+              call("cudaLaunchKernel", 6_400, 5, corr=3), call("cudaEventSynchronize", 6_500, 1_000),
+              call("cudaDeviceSynchronize", 9_000, 500),
+              {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 210, "dur": 80, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 3_310, "dur": 160, "args": {"correlation": 2}},
+              {"ph": "X", "cat": "kernel", "name": "adam", "ts": 6_410, "dur": 40, "args": {"correlation": 3}}]
+    (row,), where = traces.step_phases({"traceEvents": events})
+    assert where == "gpu"
+    assert (row["forward_syncs"], row["backward_syncs"], row["optimizer_syncs"]) == (1, 0, 1)
+    assert row["step_syncs"] == 3 and row["step_sync_ms"] == 3.5
+
+
+def test_the_recorded_gpu_steps_syncs_are_the_traces_own_waits(analysis):
+    """On the H200 trace: every step's count is the trace's blocking runtime calls within that step's range."""
+    import gzip
+
+    result, out = analysis
+    phases = pd.read_csv(out / "phases.csv")
+    for rank in (0, 1):
+        events = json.load(gzip.open(FIXTURE / f"rank{rank}.json.gz", "rt"))["traceEvents"]
+        waits = [e for e in events if e.get("name") in ("cudaStreamSynchronize", "cudaEventSynchronize",
+                                                           "cudaDeviceSynchronize", "cudaMemcpy")]
+        for _, r in phases[phases["rank"] == rank].iterrows():
+            step = next(e for e in events if e.get("name") == f"ProfilerStep#{int(r['step'])}")
+            mine = [e for e in waits if step["ts"] <= e["ts"] <= step["ts"] + step["dur"]]
+            assert r["step_syncs"] == len(mine)
+            assert r[["forward_syncs", "backward_syncs", "optimizer_syncs"]].sum() <= r["step_syncs"]

@@ -36,6 +36,9 @@ from workflow_scripts import schema
 PHASES = ("forward", "backward", "optimizer")
 COLLECTIVE = re.compile(r"^(gloo|nccl|rccl):")  # the process group's own ranges around each collective
 NCCL_KERNEL = re.compile(r"nccl|rccl", re.I)
+# the runtime calls that block the host until the device has caught up: a stream's, an event's or the device's
+# synchronisation, and a synchronous copy (CUDA and HIP)
+HOST_SYNC = re.compile(r"^(cuda|hip)((Stream|Event|Device)Synchronize|Memcpy)$")
 
 
 def load_trace(path: Path) -> dict:
@@ -95,6 +98,8 @@ def kernel_class(op: dict) -> str:
 
 KERNEL_CLASS_NAMES = (*(name for name, _ in KERNEL_CLASSES), "copies", "memory_bound")
 KERNEL_COLUMNS = ("device_busy_ms", *(f"{c}_kernel_ms" for c in KERNEL_CLASS_NAMES))
+# the host's share of a step: each phase's host time, launches and synchronisations, and the step's synchronisations
+STEP_COUNTS = (*(f"{p}_{x}" for x in ("host_ms", "launches", "syncs") for p in PHASES), "step_syncs", "step_sync_ms")
 
 
 def gpu_ops(events: list[dict]) -> list[tuple[float, dict]]:
@@ -110,6 +115,11 @@ def launched_in(ops, a: float, b: float) -> list[dict]:
     return [op for t, op in ops if a <= t <= b]
 
 
+def called_in(calls: list[dict], a: float, b: float) -> list[dict]:
+    """The host calls that started within [a, b]."""
+    return [e for e in calls if a <= e["ts"] <= b]
+
+
 def intervals(events) -> list[tuple[float, float]]:
     return union([(e["ts"], e["ts"] + e["dur"]) for e in events])
 
@@ -123,13 +133,17 @@ def step_phases(trace: dict) -> tuple[list[dict], str]:
     kernels. CPU trace: the host ranges themselves, communication the process group's collective ranges.
     Per phase also the host time its ranges took (`<phase>_host_ms`) and, on GPU traces, how many device ops it
     launched (`<phase>_launches`): a phase whose host time far exceeds its device time with thousands of launches is
-    host-bound (per-tensor Python loops), which no faster kernel fixes."""
+    host-bound (per-tensor Python loops), which no faster kernel fixes. On GPU traces, the host's synchronisations
+    with the device (HOST_SYNC calls) per phase (`<phase>_syncs`) and over the whole step (`step_syncs`, and
+    `step_sync_ms` the host time they blocked): each one drains the launch queue, so the device idles while the host
+    catches up."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     steps = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")),
                    key=lambda e: e["ts"])
     ranges = [e for e in events if e.get("cat") == "user_annotation" and e["name"] in PHASES]
     ops = gpu_ops(events)
     where = "gpu" if ops else "host"
+    syncs = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and HOST_SYNC.match(e["name"])]
     rows = []
     for s in steps:
         a, b = s["ts"], s["ts"] + s["dur"]
@@ -157,7 +171,12 @@ def step_phases(trace: dict) -> tuple[list[dict], str]:
                "comm_overlapped_ms": intersect(comm_u, compute) / 1000,
                **{f"{p}_host_ms": sum(r["dur"] for r in own[p]) / 1000 for p in PHASES},
                **{f"{p}_launches": sum(len(launched_in(ops, r["ts"], r["ts"] + r["dur"])) for r in own[p])
+                  if where == "gpu" else None for p in PHASES},
+               **{f"{p}_syncs": sum(len(called_in(syncs, r["ts"], r["ts"] + r["dur"])) for r in own[p])
                   if where == "gpu" else None for p in PHASES}}
+        in_step = called_in(syncs, s["ts"], s["ts"] + s["dur"])
+        row["step_syncs"] = len(in_step) if where == "gpu" else None
+        row["step_sync_ms"] = sum(e["dur"] for e in in_step) / 1000 if where == "gpu" else None
         row["comm_overlap_pct"] = 100 * row["comm_overlapped_ms"] / row["comm_ms"] if row["comm_ms"] else None
         if where == "gpu":
             row["device_busy_ms"] = length(intervals(mine)) / 1000
@@ -204,7 +223,7 @@ def analyse(trace_dir: Path, out_dir: Path, top: int = 10) -> dict:
               "phases": phases, "hta": hta, "hta_why_not": why,
               "note": None if files else "no trace: the run ended before the profiler window (or failed)"}
     columns = ["rank", "step", "step_ms", *[f"{p}_ms" for p in PHASES], "other_ms", "comm_ms", "comm_overlapped_ms",
-               "comm_overlap_pct", *[f"{p}_{x}" for x in ("host_ms", "launches") for p in PHASES], *KERNEL_COLUMNS]
+               "comm_overlap_pct", *STEP_COUNTS, *KERNEL_COLUMNS]
     pd.DataFrame(phases, columns=columns).to_csv(out_dir / "phases.csv", index=False)
     (out_dir / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
     return result
@@ -229,8 +248,7 @@ def study_table(paths: list[Path]) -> pd.DataFrame:
             mine = phases[phases["rank"] == rank] if len(phases) else phases
             row = {**ids, "rank": rank, "steps": len(mine), "phases_read_on": a["phases_read_on"].get(str(rank))}
             for col in ("step_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms", "comm_ms",
-                        "comm_overlap_pct", *(f"{p}_{x}" for x in ("host_ms", "launches") for p in PHASES),
-                        *KERNEL_COLUMNS):
+                        "comm_overlap_pct", *STEP_COUNTS, *KERNEL_COLUMNS):
                 row[col] = mine[col].astype(float).mean() if len(mine) and col in mine else None
             t = temporal.get(rank, {})
             row.update({"hta_compute_pct": t.get("compute_time_pctg"), "hta_non_compute_pct":
