@@ -182,7 +182,7 @@ def _from_v1(d: dict, run_dir: Path) -> dict:
     train = {"separate_documents": False, **d["train"]}
     tensorboard = train.pop("tensorboard", False)
     trackers = d.get("trackers") or (["tensorboard"] if tensorboard else None)
-    return {**d, "schema_version": 2, "train": train, **({"trackers": trackers} if trackers else {})}
+    return {**d, "train": train, **({"trackers": trackers} if trackers else {})}
 
 
 MIGRATIONS = {0: _from_v0, 1: _from_v1}  # version -> the function that reads it as the next version
