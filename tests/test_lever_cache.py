@@ -429,3 +429,30 @@ def test_eager_runs_first_whatever_the_trial_files_key_order(tmp_path, monkeypat
     monkeypatch.setattr(lever_trial, "run_launcher", launch)
     result = lever_trial.decide(str(path))
     assert started == ["eager"] and result["chosen"] == "eager"
+
+
+def test_a_graph_break_in_the_compiled_region_is_counted_with_its_reason_and_said_in_compile_auto():
+    """A compiled function that breaks at a print (in a process of its own: dynamo's counters and config are the
+    process's): one break and its reason's first line, and the row's compile_auto says so after why the levers were
+    chosen; no break, nothing added."""
+    import subprocess
+    import sys
+
+    script = ("import json, torch\n"
+              "from workflow_scripts.training import levers\n"
+              "def step(x):\n"
+              "    y = x * 2\n"
+              "    print('a host call dynamo cannot trace')\n"
+              "    return y + 1\n"
+              "torch.compile(step, backend='eager')(torch.ones(3))\n"
+              "print(json.dumps(levers.dynamo_counters()))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counted = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counted["dynamo_graph_breaks"] == 1
+    assert counted["dynamo_graph_break_reason"] == "Failed to trace builtin operator"
+    assert levers.said_with_breaks("rule: blocks", counted) == (
+        "rule: blocks; 1 graph break in the compiled region (Failed to trace builtin operator)")
+    assert levers.said_with_breaks(None, counted).startswith("1 graph break in")
+    clean = {**counted, "dynamo_graph_breaks": 0, "dynamo_graph_break_reason": None}
+    assert levers.said_with_breaks("rule: blocks", clean) == "rule: blocks"

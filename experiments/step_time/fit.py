@@ -11,7 +11,8 @@ experiments.step_time.rates writes it from DIR (the kind's GEMM and attention cu
 host costs and block-kernel paces the median over every calibration of the kind in DIR, the set's own among them:
 machines of one kind launch at 6-10 us, and one machine's own launch measure did not order the machines by their
 steps); the bus bandwidths and host_beside of the set's own calibration where it has one (its machine), else the
-median of the kind's calibrations (kind_collectives): as a study's own rows take them (report.parse,
+median over the kind's calibration sets (in its rate file: rates.kind_collectives): as a study's own rows take
+them (report.parse,
 plan.step_time.load_rates). Compared: the predicted step time
 against the row's median step time (`step_time_median_s`). A row whose timed steps followed a profiler window in
 their process (`after_trace`, measure.metrics.timed_after_trace) carries the profiler's after-effect: no fit uses
@@ -80,24 +81,10 @@ def rates_for(row, results: Path, cache: dict) -> st.Rates:
             cache["calibrations"] = kind_rates.calibrations(results)
         kind = kind_rates.rate_file(cache["calibrations"], KINDS[row["device_name"]])
         own = json.loads(own_path.read_text()) if own_path.exists() else None
-        cache[key] = st.Rates.of(merged_calibration(merged_calibration(kind, kind_collectives(row, results)), own))
+        # the kind's file holds its calibration sets' median collectives (rates.kind_collectives); a set's own
+        # calibration overrides them with its machine's
+        cache[key] = st.Rates.of(merged_calibration(kind, own))
     return cache[key]
-
-
-def kind_collectives(row, results: Path) -> dict:
-    """The bus bandwidths of the row's GPU kind for a set without its own: per collective, rank count and size, the
-    median over the kind's calibration sets that measured it (calibration/<name>/ in the tree: machines of one kind,
-    as for the host costs)."""
-    import statistics
-
-    measured: dict = {}
-    for path in sorted((results / "calibration").glob("*/calibration.json")):
-        other = json.loads(path.read_text())
-        if st.machine_gpu(other) == row["device_name"]:
-            for r in other["rows"]:
-                if "_busbw[" in r["name"] and r["value"] is not None:
-                    measured.setdefault(r["name"], []).append(float(r["value"]))
-    return {"rows": [{"name": k, "value": statistics.median(v)} for k, v in sorted(measured.items())]}
 
 
 # a median over fewer timed steps is no step time to fit or test on: the memory-peak sets (4 steps, the allocator's

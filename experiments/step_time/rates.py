@@ -60,14 +60,15 @@ def kind_medians(found: dict[str, dict], gpu: str) -> dict[str, float]:
 
 
 def kind_collectives(found: dict[str, dict], gpu: str) -> tuple[dict[str, float], int]:
-    """Per collective (`<collective>_busbw[<ranks>x<size>]`), the median bus bandwidth over every calibration of
-    several `gpu`s that measured it (the kind's machines calibrated here: one host's GPUs and its interconnect), and
-    how many calibrations those are. A plan naming the kind predicts its multi-GPU candidates' communication from
-    them; a study's own calibration keeps its machine's (st.machine_row)."""
+    """Per collective (`<collective>_busbw[<ranks>x<size>]`), the median bus bandwidth over the calibration sets of
+    several `gpu`s that measured it (calibration/<name>/: the kind's machines calibrated on their own, one host's GPUs
+    and its interconnect), and how many sets those are. A plan naming the kind predicts its multi-GPU candidates'
+    communication from them, and so does the fit for a set without a calibration of its own; a study's own
+    calibration keeps its machine's (st.machine_row)."""
     values: dict = {}
     machines = 0
-    for calibration in found.values():
-        if st.machine_gpu(calibration) != gpu:
+    for where, calibration in found.items():
+        if not where.startswith("calibration/") or st.machine_gpu(calibration) != gpu:
             continue
         rows = [r for r in calibration["rows"] if "_busbw[" in r["name"] and r["value"] is not None]
         machines += bool(rows)

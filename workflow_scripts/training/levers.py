@@ -334,16 +334,28 @@ def recompile_limit_hit(exc: BaseException) -> str | None:
 
 
 def dynamo_counters() -> dict:
-    """What dynamo did in this process (its counters): distinct graphs compiled, graph breaks, frames compiled."""
+    """What dynamo did in this process (its counters): distinct graphs compiled, graph breaks, frames compiled, and
+    the first line of the most frequent graph break's reason (None without one)."""
     import sys
 
     if "torch._dynamo" not in sys.modules:  # nothing was compiled
-        return {"dynamo_graphs": 0, "dynamo_graph_breaks": 0, "dynamo_frames": 0}
+        return {"dynamo_graphs": 0, "dynamo_graph_breaks": 0, "dynamo_frames": 0, "dynamo_graph_break_reason": None}
     from torch._dynamo.utils import counters
 
+    breaks = counters["graph_break"]
     return {"dynamo_graphs": int(counters["stats"]["unique_graphs"]),
-            "dynamo_graph_breaks": int(sum(counters["graph_break"].values())),
-            "dynamo_frames": int(counters["frames"]["ok"])}
+            "dynamo_graph_breaks": int(sum(breaks.values())), "dynamo_frames": int(counters["frames"]["ok"]),
+            "dynamo_graph_break_reason": max(breaks, key=breaks.get).strip().splitlines()[0] if breaks else None}
+
+
+def said_with_breaks(compile_auto: str | None, counted: dict) -> str | None:
+    """The run's `compile_auto` with the graph breaks its compiled region had (dynamo's counters, rank 0): where a
+    compiled region broke back to eager, the row says so beside why its levers were chosen."""
+    n = counted["dynamo_graph_breaks"]
+    if not n:
+        return compile_auto
+    said = f"{n} graph break{'s' if n > 1 else ''} in the compiled region ({counted['dynamo_graph_break_reason']})"
+    return f"{compile_auto}; {said}" if compile_auto else said
 
 
 def eager_after(train: dict, broke: str) -> dict:

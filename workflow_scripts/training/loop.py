@@ -393,6 +393,7 @@ def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], mem
     """The run's row of the study table (before the launcher adds the sampler's peaks)."""
     spec, ctx, strategy = run.spec, run.ctx, run.strategy
     shape = model_spec(spec.model, spec.model_overrides)
+    counted = levers.dynamo_counters()
     device, fpt = device_name(ctx.device), flops_per_token(run)
     steps_per_epoch, total_steps, cuda = run.batches.steps_per_epoch, run.total_steps, ctx.device.type == "cuda"
     epoch_wall = {}
@@ -436,12 +437,13 @@ def run_summary(run: Run, rows: list[dict], val_losses: tuple[float, float], mem
         "compile_model": run.levers["compile_model"] not in (None, False),
         "compiled_module": run.levers["compile_model"] if isinstance(run.levers["compile_model"], str) else None,
         "compile_mode": run.levers["compile_mode"],
-        "compile_auto": spec["train"].get("compile_auto"),  # why: the rule's reason, a trial's measurement
+        # why: the rule's reason, a trial's measurement; and the graph breaks where the compiled region had some
+        "compile_auto": levers.said_with_breaks(spec.train.get("compile_auto"), counted),
         # the wall seconds from the rank's start to its first step, and each phase of the run beside the steps
         "setup_s": round(sum(run.phases[k] for k in list(run.phases)[:list(run.phases).index("steps")]), 3)
         if "steps" in run.phases else None,
         "setup_phases_s": dict(run.phases),
-        **levers.dynamo_counters(),  # rank 0's: graphs compiled, graph breaks
+        **counted,  # rank 0's dynamo counters: graphs compiled, graph breaks and the most frequent one's reason
         "trainable_params": run.trainable,
         **({"val_accuracy_initial": run.accuracy.get("initial"), "val_accuracy_final": run.accuracy.get("final")}
            if run.vision else {}),
