@@ -17,15 +17,58 @@ from workflow_scripts.training.run_context import RunContext
 BATCH_DTYPE = np.int64  # the stored rows widened to what the model takes (token ids, and image rows before scaling)
 
 
-def load_data(spec: dict) -> tuple[dict, np.ndarray, np.ndarray, int]:
+class DataFileError(ValueError):
+    """A prepared data file a run cannot read as its manifest describes it; the message names the file."""
+
+
+MANIFEST_KEYS = ("block_size", "vocab_size", "train_blocks", "val_blocks")  # every tokens manifest (text, images)
+
+
+def read_manifest(path: str | Path) -> dict:
+    """The tokens manifest (data/tokenize.py, data/images.py), checked: JSON, with the keys a run reads."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: missing (the data stages write it: run the study again)") from None
+    except json.JSONDecodeError as exc:
+        raise DataFileError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    missing = [k for k in MANIFEST_KEYS if k not in data] + (
+        ["num_classes"] if data.get("kind") == "images" and "num_classes" not in data else [])
+    if missing:
+        raise DataFileError(f"{path}: no {', '.join(missing)} (a manifest of another version of the data stages, or "
+                            "edited: prepare the data again)")
+    return data
+
+
+def read_blocks(path: str | Path, manifest: dict, split: str, manifest_path: str | Path) -> np.ndarray:
+    """The `split` blocks of a run (memory-mapped), checked against the manifest: a NumPy array of integers,
+    `<split>_blocks` rows of `block_size`."""
+    try:
+        blocks = np.load(path, mmap_mode="r")
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: missing (the data stages write it: run the study again)") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise DataFileError(f"{path}: not a NumPy array file ({type(exc).__name__}: {exc})") from None
+    want = (manifest[f"{split}_blocks"], manifest["block_size"])
+    if not np.issubdtype(blocks.dtype, np.integer) or blocks.shape != want:
+        raise DataFileError(f"{path}: {blocks.dtype} array of shape {blocks.shape}, {manifest_path} says "
+                            f"{want[0]} rows of {want[1]} integers (a file of another data preparation: prepare "
+                            "the data again)")
+    return blocks
+
+
+def load_data(spec: RunSpec) -> tuple[dict, np.ndarray, np.ndarray, int]:
     """The tokens manifest, the training blocks (the first max_train_samples), the validation blocks, and the
-    embedding rows: the tokenizer's vocabulary padded to vocab_multiple, or the original model's row count."""
-    t = spec["train"]
-    data = json.loads(Path(spec["data"]["manifest"]).read_text())
-    blocks = np.load(spec["data"]["train"], mmap_mode="r")
+    embedding rows: the tokenizer's vocabulary padded to vocab_multiple, or the original model's row count. Each
+    file is checked where it is read (DataFileError names it)."""
+    t, files = spec["train"], spec["data"]
+    data = read_manifest(files["manifest"])
+    blocks = read_blocks(files["train"], data, "train", files["manifest"])
+    if len(blocks) == 0:
+        raise DataFileError(f"{files['train']}: no training block ({files['manifest']}: train_blocks 0)")
     if t["max_train_samples"]:
         blocks = blocks[: t["max_train_samples"]]
-    val = np.load(spec["data"]["val"], mmap_mode="r")
+    val = read_blocks(files["val"], data, "val", files["manifest"])
     return data, blocks, val, data_rows(data, t)
 
 
