@@ -65,3 +65,26 @@ def test_blocks_unlike_their_manifest_name_both_files(tmp_path, train, said):
     data = prepared(tmp_path, train=train)
     assert problem(data) == (f"{data['train']}: {said}, {data['manifest']} says 6 rows of 8 integers (a file of "
                              "another data preparation: prepare the data again)")
+
+
+def test_a_committed_set_whose_run_spec_cannot_be_read_is_named_before_any_job(tmp_path):
+    """verify.against: an ok run whose run_spec.json is not JSON, and one whose spec lacks a train key no migration
+    gives: one line each, naming the file (replay.problems, called by the config check)."""
+    from workflow_scripts import replay
+
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables/runs.csv").write_text("model,strategy,layout,world_size,repeat,status\n"
+                                              "gpt2-tiny,ddp,ws1,1,0,ok\ngpt2-tiny,zero1,ws1,1,0,ok\n")
+    for strategy in ("ddp", "zero1"):
+        (tmp_path / f"runs/gpt2-tiny/{strategy}/ws1/r0").mkdir(parents=True)
+    ddp = tmp_path / "runs/gpt2-tiny/ddp/ws1/r0/run_spec.json"
+    ddp.write_text('{"schema_version": 2,')
+    spec = by_hand(strategy="zero1").to_dict()
+    del spec["train"]["lr"]
+    zero1 = tmp_path / "runs/gpt2-tiny/zero1/ws1/r0/run_spec.json"
+    zero1.write_text(json.dumps(spec))
+    found = replay.problems(str(tmp_path))
+    assert len(found) == 2
+    assert found[0].startswith(f"verify.against: {ddp}: not JSON (line 1, column 22"), found
+    assert found[1] == f"verify.against: {zero1}: train.lr missing (a key added without a migration in " \
+                       "run_spec.MIGRATIONS)"

@@ -93,6 +93,13 @@ def problems(against: str | None) -> list[str]:
         if not path.exists():
             out.append(f"verify.against: {path} is missing: the committed run's resolved settings cannot be "
                        "replayed (a set made before run specs were kept cannot be verified)")
+            continue
+        from workflow_scripts.run_spec import RunSpec, RunSpecError
+
+        try:
+            RunSpec.committed(path)  # its version migrated, every train key there
+        except (RunSpecError, ValueError) as exc:
+            out.append(f"verify.against: {exc}")
     return out[:5] + ([f"verify.against: ... and {len(out) - 5} more"] if len(out) > 5 else [])
 
 

@@ -120,7 +120,11 @@ class RunSpec(Mapping):
         """A spec a run wrote, of this version or an earlier one (a committed set's), migrated to this version
         (MIGRATIONS) and checked: every train key of this version is there. RunSpecError names the file."""
         path = Path(path)
-        d = migrated(json.loads(path.read_text()), path.parent)
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise RunSpecError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        d = migrated(d, path.parent)
         if problems := train_problems(d["train"], str(path)):
             raise RunSpecError(problems[0])
         return cls.from_dict(d, str(path))
