@@ -10,7 +10,8 @@ Where the signal goes, top to bottom (Linux):
   torchrun    passes SIGTERM to every rank and waits 30 s before SIGKILL (torch.distributed.elastic).
   each rank   `RankStop`: the handler only sets a flag; at each step boundary the ranks read the vote started at
               the boundary before (a one-integer all-reduce over a gloo group, run by gloo's own thread during the
-              step: host memory, no device synchronisation, no wait in the step loop) and start the next; where
+              step: host memory, no device synchronisation; reading it and starting the next take 0.2-0.4 ms of
+              the host on CPU ranks, benchmarks/2026-12-08-stop-vote-cost-cpu.md) and start the next; where
               it says stop, they save a checkpoint at that step and leave with STOPPED_EXIT after rank 0 wrote
               `stopped.json`. A run of one rank reads its flag alone.
 The job then fails (exit STOPPED_EXIT) with one line saying at which step it stopped: Snakemake marks its outputs
