@@ -8,7 +8,9 @@ forward, backward and update; training.strategies.engine.Engine.train_step). Ran
 writes `metrics.csv` (one row per optimizer step), `train_summary.json` and `strategy_settings.json` into the run's
 output directory. Log lines look like `step 10: loss 3.2100, lr 3.0e-04, step 105.2ms, 12345 tok/s`.
 
-Timing: no host synchronisation with the device inside the step loop. The ranks' stop vote runs in gloo's thread
+Timing: no host synchronisation with the device inside the step loop (torch's DDP times its own first 10
+iterations and every 100th with CUDA events it waits for: a rank's trace shows them, report/traces.py
+`forward_syncs`). The ranks' stop vote runs in gloo's thread
 during a step and is read at the next boundary (training/graceful_stop.py): a fraction of a millisecond of host
 time a step (benchmarks/2026-12-08-stop-vote-cost-cpu.md). On GPU each phase is bracketed by CUDA events, read with
 the losses once per `log_every` steps; on CPU by perf_counter. The first `timing_warmup_steps` steps (and everything
