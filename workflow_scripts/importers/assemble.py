@@ -331,8 +331,9 @@ def study_config(vs: list[Variant], name: str, platform: str | None, problems: l
     platform = platform or (platforms.pop() if len(platforms) == 1 else None) or "cuda"
     config = {
         "study": name,
-        "results_dir": f"results/{name}/{platform}",
-        "work_dir": f"work/{name}",
+        # beside the schema's default results_dir and work_dir: <its folder>/<study>/<platform>, <its folder>/<study>
+        "results_dir": os.path.join(os.path.dirname(schema.default("results_dir")), name, platform),
+        "work_dir": os.path.join(os.path.dirname(schema.default("work_dir")), name),
         "platform": platform,
     }
     nodes = one_of(vs, "nodes", problems)
