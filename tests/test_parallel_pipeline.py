@@ -16,11 +16,6 @@ from conftest import run_layout as run
 from workflow_scripts import schema
 
 
-def train(**given) -> dict:
-    """A study's train settings: the schema's, `given` over them."""
-    return schema.filled("train", given)
-
-
 @pytest.mark.parametrize("model, strategy", [("gpt2-tiny", "ddp"), ("qwen2-tiny", "fsdp")])
 def test_pipeline_layout_trains_like_the_data_parallel_run(token_data, tmp_path, model, strategy):
     one_d, want = run(token_data, tmp_path, f"{model}_1d", model, strategy, {"dp": 2})
@@ -42,10 +37,10 @@ def test_pipeline_layouts_refuse_what_they_cannot_run():
     from workflow_scripts.training.strategies import STRATEGIES
 
     layout = Layout(dp=2, pp=2)
-    assert run_problems(layout, STRATEGIES["ddp"], train(grad_accum=2), "layouts[0]") == []
-    (zero,) = run_problems(layout, STRATEGIES["zero2"], train(grad_accum=2), "layouts[0]")
+    assert run_problems(layout, STRATEGIES["ddp"], schema.filled("train", {"grad_accum": 2}), "layouts[0]") == []
+    (zero,) = run_problems(layout, STRATEGIES["zero2"], schema.filled("train", {"grad_accum": 2}), "layouts[0]")
     assert zero.startswith("layouts[0]: dp2-pp2 with strategy zero2: model-parallel layouts compose")
-    (accum,) = run_problems(layout, STRATEGIES["ddp"], train(grad_accum=1), "layouts[0]")
+    (accum,) = run_problems(layout, STRATEGIES["ddp"], schema.filled("train", {"grad_accum": 1}), "layouts[0]")
     assert "train.grad_accum (the pipeline's micro-batches) >= 2" in accum
 
 

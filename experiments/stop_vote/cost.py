@@ -17,6 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from experiments import rounds
+from workflow_scripts.report.stats import mean_ci
 from workflow_scripts.training.graceful_stop import RankStop
 
 
@@ -80,7 +82,7 @@ def main(argv=None):
     vote = RankStop(dist.get_world_size())
     ratios, rows = [], []
     for r in range(a.rounds):
-        order = ("vote", "none") if r % 2 == 0 else ("none", "vote")
+        order = rounds.order(r, ("vote", "none"))
         got = {name: arm(vote if name == "vote" else None, a.steps, int(n)) for name in order}
         with_vote, without = statistics.median(got["vote"][0]), statistics.median(got["none"][0])
         calls = sorted(got["vote"][1])
@@ -94,13 +96,8 @@ def main(argv=None):
         print("|---|---|---|---|---|---|---|")
         for row in rows:
             print("| {} | {} | {:.3f} | {:.3f} | {:.1f} | {:.1f} | {:.1f} |".format(*row))
-        mean = statistics.mean(ratios)
-        half = 0.0
-        if len(ratios) > 1:
-            from scipy import stats
-
-            half = stats.t.ppf(0.975, len(ratios) - 1) * statistics.stdev(ratios) / len(ratios) ** 0.5
-        print(f"step with the vote / without: {mean:.4f} ± {half:.4f} (95 % CI over {len(ratios)} rounds)")
+        ci = mean_ci(ratios)
+        print(f"step with the vote / without: {ci.mean:.4f} ± {ci.half_width:.4f} (95 % CI over {ci.n} rounds)")
     dist.destroy_process_group()
 
 

@@ -36,6 +36,7 @@ from workflow_scripts import schema
 PHASES = ("forward", "backward", "optimizer")
 COLLECTIVE = re.compile(r"^(gloo|nccl|rccl):")  # the process group's own ranges around each collective
 NCCL_KERNEL = re.compile(r"nccl|rccl", re.I)
+RUNTIME = ("cuda_runtime", "cuda_driver")  # the host's calls into the device runtime (HIP's under the same names)
 # the runtime calls that block the host until the device has caught up: a stream's, an event's or the device's
 # synchronisation, and a synchronous copy (CUDA and HIP)
 HOST_SYNC = re.compile(r"^(cuda|hip)((Stream|Event|Device)Synchronize|Memcpy)$")
@@ -105,19 +106,15 @@ STEP_COUNTS = (*(f"{p}_{x}" for x in ("host_ms", "launches", "syncs") for p in P
 def gpu_ops(events: list[dict]) -> list[tuple[float, dict]]:
     """(host launch time, device op) of every kernel, memcpy and memset, joined through their correlation ids."""
     launch = {e["args"]["correlation"]: e["ts"] for e in events
-              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+              if e.get("cat") in RUNTIME and "correlation" in e.get("args", {})}
     device = ("kernel", "gpu_memcpy", "gpu_memset")
     return [(launch[e["args"]["correlation"]], e) for e in events
             if e.get("cat") in device and e.get("args", {}).get("correlation") in launch]
 
 
 def launched_in(ops, a: float, b: float) -> list[dict]:
+    """Of (host time, event) pairs, the events whose host call started within [a, b]."""
     return [op for t, op in ops if a <= t <= b]
-
-
-def called_in(calls: list[dict], a: float, b: float) -> list[dict]:
-    """The host calls that started within [a, b]."""
-    return [e for e in calls if a <= e["ts"] <= b]
 
 
 def intervals(events) -> list[tuple[float, float]]:
@@ -143,7 +140,7 @@ def step_phases(trace: dict) -> tuple[list[dict], str]:
     ranges = [e for e in events if e.get("cat") == "user_annotation" and e["name"] in PHASES]
     ops = gpu_ops(events)
     where = "gpu" if ops else "host"
-    syncs = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and HOST_SYNC.match(e["name"])]
+    syncs = [(e["ts"], e) for e in events if e.get("cat") in RUNTIME and HOST_SYNC.match(e["name"])]
     rows = []
     for s in steps:
         a, b = s["ts"], s["ts"] + s["dur"]
@@ -172,9 +169,9 @@ def step_phases(trace: dict) -> tuple[list[dict], str]:
                **{f"{p}_host_ms": sum(r["dur"] for r in own[p]) / 1000 for p in PHASES},
                **{f"{p}_launches": sum(len(launched_in(ops, r["ts"], r["ts"] + r["dur"])) for r in own[p])
                   if where == "gpu" else None for p in PHASES},
-               **{f"{p}_syncs": sum(len(called_in(syncs, r["ts"], r["ts"] + r["dur"])) for r in own[p])
+               **{f"{p}_syncs": sum(len(launched_in(syncs, r["ts"], r["ts"] + r["dur"])) for r in own[p])
                   if where == "gpu" else None for p in PHASES}}
-        in_step = called_in(syncs, s["ts"], s["ts"] + s["dur"])
+        in_step = launched_in(syncs, s["ts"], s["ts"] + s["dur"])
         row["step_syncs"] = len(in_step) if where == "gpu" else None
         row["step_sync_ms"] = sum(e["dur"] for e in in_step) / 1000 if where == "gpu" else None
         row["comm_overlap_pct"] = 100 * row["comm_overlapped_ms"] / row["comm_ms"] if row["comm_ms"] else None
